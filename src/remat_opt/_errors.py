@@ -1,0 +1,185 @@
+"""Exceptions raised by remat_opt.
+
+Every error the library raises on purpose derives from :class:`RematOptError`, and
+also from the built-in exception a caller would expect (``ValueError`` for a bad
+value, ``TypeError`` for a bad type, ...), so both ``except RematOptError`` and
+``except ValueError`` work.
+
+Every message names the offending argument, shows the bad value and says what to
+do instead. The exceptions keep their constructor arguments as attributes and
+survive pickling (needed when plans are computed in worker processes).
+
+Example:
+    >>> from remat_opt._errors import InfeasibleBudgetError
+    >>> err = InfeasibleBudgetError(1_000_000, 3_200_000)
+    >>> isinstance(err, ValueError), err.min_budget_bytes
+    (True, 3200000)
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "InfeasibleBudgetError",
+    "InvalidBudgetError",
+    "InvalidBudgetTypeError",
+    "PlanVerificationError",
+    "RematOptError",
+    "UnsupportedProgramError",
+]
+
+
+def _describe_bytes(n: int, *, unit: str = " bytes") -> str:
+    """Returns ``"1,000,000 bytes (976.56 KiB)"``-style text for messages."""
+    from remat_opt._budget import format_bytes  # Deferred: _budget imports this module.
+
+    return f"{n:,}{unit} ({format_bytes(n)})"
+
+
+def _with_detail(message: str, detail: str) -> str:
+    return f"{message} {detail.strip()}" if detail and detail.strip() else message
+
+
+class RematOptError(Exception):
+    """Base class of the errors remat_opt raises on purpose."""
+
+
+class InvalidBudgetError(RematOptError, ValueError):
+    """A memory budget (or other byte count) has the right type but a bad value.
+
+    Attributes:
+        argument: Name of the argument that was rejected, e.g. ``"budget_bytes"``.
+        value: The rejected value, as passed.
+    """
+
+    def __init__(self, message: str, *, argument: str, value: object) -> None:
+        super().__init__(message)
+        self.argument = argument
+        self.value = value
+
+    def __reduce__(self):  # noqa: D105 - keeps keyword-only arguments through pickle.
+        return (_rebuild_with_kwargs, (type(self), self.args, self.__dict__))
+
+
+class InvalidBudgetTypeError(RematOptError, TypeError):
+    """A memory budget (or other byte count) was passed as an unsupported type.
+
+    Attributes:
+        argument: Name of the argument that was rejected, e.g. ``"budget_bytes"``.
+        value: The rejected value, as passed.
+    """
+
+    def __init__(self, message: str, *, argument: str, value: object) -> None:
+        super().__init__(message)
+        self.argument = argument
+        self.value = value
+
+    def __reduce__(self):  # noqa: D105
+        return (_rebuild_with_kwargs, (type(self), self.args, self.__dict__))
+
+
+def _rebuild_with_kwargs(cls: type, args: tuple, state: dict) -> BaseException:
+    err = cls.__new__(cls)
+    Exception.__init__(err, *args)
+    err.__dict__.update(state)
+    return err
+
+
+class InfeasibleBudgetError(RematOptError, ValueError):
+    """No checkpoint placement brings the program's peak memory under the budget.
+
+    Args:
+        budget_bytes: The budget the caller asked for.
+        min_budget_bytes: The smallest peak remat_opt can reach for the program.
+        detail: Optional extra sentence(s) appended to the message, e.g. which
+            buffers dominate the minimum.
+
+    Attributes:
+        budget_bytes: As passed.
+        min_budget_bytes: As passed.
+        detail: As passed.
+    """
+
+    def __init__(self, budget_bytes: int, min_budget_bytes: int, detail: str = "") -> None:
+        self.budget_bytes = budget_bytes
+        self.min_budget_bytes = min_budget_bytes
+        self.detail = detail
+        message = (
+            f"budget_bytes={_describe_bytes(budget_bytes, unit='')} is below the smallest peak "
+            f"remat_opt can reach for this program, {_describe_bytes(min_budget_bytes)}; "
+            f"pass budget_bytes >= {min_budget_bytes}."
+        )
+        super().__init__(_with_detail(message, detail))
+
+    def __reduce__(self):  # noqa: D105
+        return (type(self), (self.budget_bytes, self.min_budget_bytes, self.detail))
+
+
+class UnsupportedProgramError(RematOptError, NotImplementedError):
+    """The program contains a primitive the planner cannot plan through.
+
+    Args:
+        primitive: Name of the JAX primitive, e.g. ``"while"``.
+        source: Where the equation came from (``"file.py:12 (fn)"``), if known.
+        hint: What the caller can do instead, e.g. "wrap the loop in jax.checkpoint".
+
+    Attributes:
+        primitive: As passed.
+        source: As passed.
+        hint: As passed.
+    """
+
+    def __init__(self, primitive: str, source: str | None, hint: str) -> None:
+        self.primitive = primitive
+        self.source = source
+        self.hint = hint
+        where = f" (at {source})" if source else ""
+        super().__init__(
+            f"remat_opt cannot plan through primitive {primitive!r}{where}. {hint.strip()}"
+        )
+
+    def __reduce__(self):  # noqa: D105
+        return (type(self), (self.primitive, self.source, self.hint))
+
+
+class PlanVerificationError(RematOptError, RuntimeError):
+    """XLA measured the checkpointed program over budget, even after retries.
+
+    Args:
+        budget_bytes: The budget the plan was solved for.
+        measured_peak_bytes: The peak XLA reported for the last compiled attempt.
+        attempts: How many plan/compile rounds were tried.
+        detail: Optional extra sentence(s) appended to the message.
+
+    Attributes:
+        budget_bytes: As passed.
+        measured_peak_bytes: As passed.
+        attempts: As passed.
+        detail: As passed.
+    """
+
+    def __init__(
+        self,
+        budget_bytes: int,
+        measured_peak_bytes: int,
+        *,
+        attempts: int = 1,
+        detail: str = "",
+    ) -> None:
+        self.budget_bytes = budget_bytes
+        self.measured_peak_bytes = measured_peak_bytes
+        self.attempts = attempts
+        self.detail = detail
+        plural = "attempt" if attempts == 1 else "attempts"
+        message = (
+            f"XLA measured a peak of {_describe_bytes(measured_peak_bytes)} for the "
+            f"checkpointed program, over budget_bytes={_describe_bytes(budget_bytes, unit='')} "
+            f"after {attempts} {plural}; pass a larger budget_bytes (at least "
+            f"{measured_peak_bytes}) or report the program to remat_opt."
+        )
+        super().__init__(_with_detail(message, detail))
+
+    def __reduce__(self):  # noqa: D105
+        return (
+            _rebuild_with_kwargs,
+            (type(self), self.args, self.__dict__),
+        )
