@@ -1,0 +1,242 @@
+"""Stage 2 — graph: the program as JAX will differentiate it.
+
+Which values a backward step needs is decided by JAX's JVP rules, not by a
+hand table (FINDINGS §3: the JVP of ``tanh`` uses its raw output, the JVP of
+``exp`` its result, a ``dot`` its operands). So the graph is read off JAX
+itself: the flat program is evaluated with every value named
+(:mod:`remat_opt._names`), linearized with :func:`jax.jvp`, and split by
+partial evaluation into the *known* program (the forward: primal values and the
+residuals derived from them) and the *linear* program (the backward). Every
+equation of the known program becomes a compute unit, every value a node.
+
+A value is a *residual* when the linear program reads it. A residual must be
+available in the backward: stored by the forward (saved by name, or crossing a
+segment boundary) or recomputed from values that are.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import networkx as nx
+import numpy as np
+from jax._src import core, source_info_util
+from jax._src.interpreters import partial_eval as pe
+
+from ._cost import CostModel, FlopCostModel
+from ._names import eqn_index_of, eval_program
+from ._trace import TracedProgram
+
+
+def aval_bytes(aval: Any) -> int:
+    """Bytes of one array value: elements times item size."""
+    if not hasattr(aval, "shape"):
+        return 0
+    itemsize = np.dtype(aval.dtype).itemsize if aval.dtype != jax.dtypes.float0 else 0
+    return int(np.prod(aval.shape, dtype=np.int64)) * itemsize
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One equation of the known (forward) program.
+
+    Attributes:
+        index: position in the known program.
+        position: the primal equation it derives from (segment boundaries fall
+            between primal equations).
+        primitive: primitive name.
+        inputs: node ids read (program inputs excluded).
+        outputs: node ids written.
+        flops: cost of computing it once.
+        name: the checkpoint name of its output if it is a ``name`` equation.
+        source: the user's source line.
+    """
+
+    index: int
+    position: int
+    primitive: str
+    inputs: tuple[int, ...]
+    outputs: tuple[int, ...]
+    flops: int
+    name: str | None
+    source: str
+
+
+@dataclass(frozen=True)
+class ProgramGraph:
+    """The differentiated program as compute units over value nodes.
+
+    Attributes:
+        traced: the flat primal program.
+        units: known-program equations in program order.
+        node_bytes: bytes per node id (node ids are ``0..len-1``).
+        node_unit: producing unit per node id.
+        residual: per node id, whether the backward reads it.
+        consumers: per node id, the units that read it.
+        is_output: per node id, whether it is a primal output (live to the end,
+            counted in ``output_bytes``).
+        buffer: per node id, the node whose buffer it shares (itself, or the
+            input of a bitcast-like unit); ``-1`` for a program input's buffer.
+        num_positions: number of primal equations.
+        input_bytes: bytes of all program inputs (arguments and constants).
+        output_bytes: bytes of the primal outputs plus the gradients.
+        graph: the networkx view (one node per value).
+    """
+
+    traced: TracedProgram
+    units: tuple[Unit, ...]
+    node_bytes: tuple[int, ...]
+    node_unit: tuple[int, ...]
+    residual: tuple[bool, ...]
+    consumers: tuple[tuple[int, ...], ...]
+    is_output: tuple[bool, ...]
+    buffer: tuple[int, ...]
+    num_positions: int
+    input_bytes: int
+    output_bytes: int
+    node_shape: tuple[tuple[int, ...], ...]
+    node_dtype: tuple[str, ...]
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.node_bytes)
+
+    def position_of(self, node: int) -> int:
+        return self.units[self.node_unit[node]].position
+
+    def crossing_bytes(self, cut: int) -> int:
+        """Bytes of values defined before position ``cut`` and read at or after it."""
+        total = 0
+        for v, users in enumerate(self.consumers):
+            if self.position_of(v) < cut and any(self.units[u].position >= cut for u in users):
+                total += self.node_bytes[v]
+        return total
+
+    def nx_graph(self) -> nx.DiGraph:
+        """One node per value; edges from each input value to the values computed from it."""
+        g = nx.DiGraph()
+        for v in range(self.num_nodes):
+            unit = self.units[self.node_unit[v]]
+            g.add_node(
+                v,
+                primitive=unit.primitive,
+                shape=self.node_shape[v],
+                dtype=self.node_dtype[v],
+                bytes=self.node_bytes[v],
+                flops=unit.flops,
+                position=unit.position,
+                name=unit.name,
+                residual=self.residual[v],
+                source=unit.source,
+            )
+        for unit in self.units:
+            for u in unit.inputs:
+                for w in unit.outputs:
+                    g.add_edge(u, w)
+        return g
+
+
+# Primitives whose output XLA lays over its input (a bitcast or the identity):
+# one buffer, counted once.
+ALIASING_PRIMITIVES = frozenset({"name", "reshape", "squeeze", "expand_dims", "copy_p", "optimization_barrier"})
+
+
+def _source_line(eqn: core.JaxprEqn) -> str:
+    frame = source_info_util.user_frame(eqn.source_info.traceback)
+    return f"{frame.file_name}:{frame.start_line}" if frame else ""
+
+
+def build_graph(traced: TracedProgram, cost_model: CostModel | None = None) -> ProgramGraph:
+    """Linearizes the traced program and returns its compute graph.
+
+    Args:
+        traced: the flat program from :func:`remat_opt._trace.trace`.
+        cost_model: FLOPs per equation; :class:`FlopCostModel` by default.
+
+    Returns:
+        The graph of the known (forward) program with residuals marked.
+    """
+    cost_model = cost_model or FlopCostModel()
+    closed = traced.jaxpr
+    in_avals = [v.aval for v in closed.jaxpr.invars]
+    diff = traced.differentiable
+    diff_avals = [a for a, d in zip(in_avals, diff) if d]
+    fixed_avals = [a for a, d in zip(in_avals, diff) if not d]
+
+    def primal(dargs: list, fixed: list) -> list:
+        it_d, it_f = iter(dargs), iter(fixed)
+        full = [next(it_d) if d else next(it_f) for d in diff]
+        return eval_program(closed, full)
+
+    def jvp(dargs: list, tangents: list, fixed: list) -> Any:
+        return jax.jvp(lambda *p: primal(list(p), fixed), dargs, tangents)
+
+    jvp_jaxpr = jax.make_jaxpr(jvp)(diff_avals, diff_avals, fixed_avals)
+    nd, nf = len(diff_avals), len(fixed_avals)
+    unknowns = [False] * nd + [True] * nd + [False] * nf
+    known, _, out_unknowns, res_avals = pe.partial_eval_jaxpr_nounits(jvp_jaxpr, unknowns, False)
+    kj = known.jaxpr
+    residual_vars = {v for v in kj.outvars[len(kj.outvars) - len(res_avals):] if isinstance(v, core.Var)}
+
+    node_of: dict = {}
+    node_bytes: list[int] = []
+    node_unit: list[int] = []
+    shapes: list[tuple[int, ...]] = []
+    dtypes: list[str] = []
+    units: list[Unit] = []
+    consumers: list[list[int]] = []
+    buffer: list[int] = []
+    position = 0
+    for i, eqn in enumerate(kj.eqns):
+        idx = eqn_index_of(eqn.source_info.name_stack)
+        position = idx if idx is not None else position
+        inputs = tuple(sorted({node_of[v] for v in eqn.invars if isinstance(v, core.Var) and v in node_of}))
+        alias = -2
+        if eqn.primitive.name in ALIASING_PRIMITIVES and len(eqn.invars) == 1 and len(eqn.outvars) == 1:
+            src = eqn.invars[0]
+            alias = buffer[node_of[src]] if src in node_of else -1
+        outputs = []
+        for v in eqn.outvars:
+            node_of[v] = len(node_bytes)
+            outputs.append(len(node_bytes))
+            node_bytes.append(aval_bytes(v.aval))
+            node_unit.append(i)
+            buffer.append(alias if alias != -2 else len(node_bytes) - 1)
+            shapes.append(tuple(getattr(v.aval, "shape", ())))
+            dtypes.append(str(getattr(v.aval, "dtype", "")))
+            consumers.append([])
+        for u in inputs:
+            consumers[u].append(i)
+        name = eqn.params.get("name") if eqn.primitive.name == "name" else None
+        units.append(
+            Unit(i, position, eqn.primitive.name, inputs, tuple(outputs),
+                 int(cost_model.eqn_flops(eqn)), name, _source_line(eqn))
+        )
+    residual = [False] * len(node_bytes)
+    for v in residual_vars:
+        if v in node_of:
+            residual[node_of[v]] = True
+    # Primal outputs and gradients live for the whole step (XLA counts them as output bytes).
+    out_bytes = sum(aval_bytes(v.aval) for v in closed.jaxpr.outvars) + sum(aval_bytes(a) for a in diff_avals)
+    in_bytes = sum(aval_bytes(a) for a in in_avals)
+    is_output = [False] * len(node_bytes)
+    for v in kj.outvars[: len(kj.outvars) - len(res_avals)]:
+        if isinstance(v, core.Var) and v in node_of:
+            is_output[node_of[v]] = True
+    return ProgramGraph(
+        traced=traced,
+        units=tuple(units),
+        node_bytes=tuple(node_bytes),
+        node_unit=tuple(node_unit),
+        residual=tuple(residual),
+        consumers=tuple(tuple(c) for c in consumers),
+        is_output=tuple(is_output),
+        buffer=tuple(buffer),
+        num_positions=len(closed.jaxpr.eqns),
+        input_bytes=in_bytes,
+        output_bytes=out_bytes,
+        node_shape=tuple(shapes),
+        node_dtype=tuple(dtypes),
+    )

@@ -1,0 +1,148 @@
+"""The memory model: peak bytes and recompute FLOPs of a schedule, simulated.
+
+This is the independent check of every plan (Checkmate kept one for the same
+reason): it recomputes, from the graph and the decisions alone, what the
+rewritten program stores, recomputes and holds at its peak, trusting nothing
+the solver said. The CP-SAT model in :mod:`remat_opt._solve` encodes exactly
+these rules; tests hold the two equal on every plan and equal to brute force.
+
+Execution model (the one the rewriter enforces, FINDINGS §2): the forward runs
+the whole program; each segment's backward then runs, last segment first,
+fenced so that it starts only once its cotangent exists. Inside a segment's
+backward every recomputed residual is materialized at once, then transposed.
+The peak during the backward of segment J is
+
+    inputs + outputs                       (arguments, primal outputs, gradients)
+  + stored values live at J                (saved names of segments <= J, boundary
+                                            values whose first reader outside their
+                                            own segment is in a segment <= J)
+  + recomputed residuals of J
+  + cotangents crossing J's end boundary
+  + the largest transient of J             (one cotangent and one operand in flight)
+
+and the plan's peak is the largest over segments. A program without remat
+(``plain``) stores every residual and recomputes nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ._graph import ProgramGraph
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Decisions: where segments start and which values are saved by name.
+
+    Attributes:
+        cuts: positions (primal equation indices) at which a new segment starts.
+        saved: node ids saved by name (``name`` units only).
+        plain: no remat at all; the program as the user wrote it.
+    """
+
+    cuts: frozenset[int] = frozenset()
+    saved: frozenset[int] = frozenset()
+    plain: bool = False
+
+
+@dataclass(frozen=True)
+class Simulation:
+    """What the model predicts for a schedule."""
+
+    peak_bytes: int
+    recompute_flops: int
+    recomputed_units: frozenset[int]
+    stored_nodes: frozenset[int]
+    segment_peaks: tuple[int, ...]
+    segment_of_position: tuple[int, ...]
+
+
+def segment_of_positions(num_positions: int, cuts: frozenset[int]) -> tuple[int, ...]:
+    seg, out = 0, []
+    for p in range(num_positions):
+        if p in cuts and p > 0:
+            seg += 1
+        out.append(seg)
+    return tuple(out)
+
+
+def transient_bytes(graph: ProgramGraph, unit: int) -> int:
+    """In-flight bytes while one unit is transposed: its largest output, twice."""
+    return 2 * max((graph.node_bytes[v] for v in graph.units[unit].outputs), default=0)
+
+
+def materialized(graph: ProgramGraph, node: int) -> bool:
+    """Whether a recomputed value gets a buffer of its own in the segment's backward."""
+    return graph.residual[node]
+
+
+def boundary_cotangent_bytes(graph: ProgramGraph, cut: int) -> int:
+    """Cotangent bytes live across the boundary before position ``cut``."""
+    return graph.crossing_bytes(cut) if cut < graph.num_positions else 0
+
+
+def simulate(graph: ProgramGraph, schedule: Schedule) -> Simulation:
+    """Predicts peak bytes and recompute FLOPs of ``schedule`` on ``graph``."""
+    seg_of = segment_of_positions(graph.num_positions, schedule.cuts)
+    units = graph.units
+    node_seg = [seg_of[graph.position_of(v)] for v in range(graph.num_nodes)]
+    num_segments = (max(seg_of) + 1) if seg_of else 1
+
+    # Values crossing a segment boundary are stored from their first reader outside.
+    crossing: dict[int, int] = {}
+    for v in range(graph.num_nodes):
+        if graph.is_output[v] or schedule.plain:
+            continue
+        outside = [units[u].position for u in graph.consumers[v] if seg_of[units[u].position] > node_seg[v]]
+        if outside:
+            crossing[v] = min(outside)
+
+    # Recompute closure: residuals not stored are recomputed, with what they read.
+    recomputed: set[int] = set()
+    if not schedule.plain:
+        available = set(crossing) | set(schedule.saved)
+        stack = [graph.node_unit[v] for v in range(graph.num_nodes) if graph.residual[v] and v not in available]
+        while stack:
+            u = stack.pop()
+            if u in recomputed:
+                continue
+            recomputed.add(u)
+            stack.extend(graph.node_unit[w] for w in units[u].inputs if w not in available)
+
+    # A saved name is stored only if the backward reads it (JAX saves residuals only).
+    live_from = dict(crossing)
+    if schedule.plain:
+        live_from = {v: graph.position_of(v) for v in range(graph.num_nodes) if graph.residual[v] and not graph.is_output[v]}
+    else:
+        read = {w for u in recomputed for w in units[u].inputs}
+        for v in schedule.saved:
+            if graph.residual[v] or v in read:
+                live_from[v] = graph.position_of(v)
+
+    def buffer_bytes(nodes: object) -> int:
+        """Bytes of the distinct buffers behind ``nodes`` (aliases counted once)."""
+        return sum(graph.node_bytes[b] for b in {graph.buffer[v] for v in nodes} if b >= 0)
+
+    base = graph.input_bytes + graph.output_bytes
+    seg_end = [max(p for p in range(graph.num_positions) if seg_of[p] == j) for j in range(num_segments)]
+    peaks = []
+    for j in range(num_segments):
+        stored_nodes = [v for v, p in live_from.items() if p <= seg_end[j]]
+        stored = buffer_bytes(stored_nodes)
+        stored_buffers = {graph.buffer[v] for v in stored_nodes}
+        rematerialized = buffer_bytes(
+            v
+            for u in recomputed if seg_of[units[u].position] == j
+            for v in units[u].outputs if materialized(graph, v) and graph.buffer[v] not in stored_buffers
+        )
+        transient = max((transient_bytes(graph, u.index) for u in units if seg_of[u.position] == j), default=0)
+        peaks.append(base + stored + rematerialized + transient + boundary_cotangent_bytes(graph, seg_end[j] + 1))
+    return Simulation(
+        peak_bytes=max(peaks),
+        recompute_flops=sum(units[u].flops for u in recomputed),
+        recomputed_units=frozenset(recomputed),
+        stored_nodes=frozenset(live_from),
+        segment_peaks=tuple(peaks),
+        segment_of_position=seg_of,
+    )

@@ -1,0 +1,67 @@
+"""The naming convention shared by the graph and the rewriter.
+
+Every primal equation ``i`` of the flat program is evaluated inside the name
+scope ``remat_opt_eqn{i}`` (so every equation JAX derives from it while
+differentiating, and every XLA instruction lowered from those, carries ``i`` in
+its name stack), and each floating-point output ``k`` of it is tagged with
+``checkpoint_name(value, "remat_opt/{i}/{k}")`` so that a name-based policy can
+save it. The graph (stage 2) and the rewriter (stage 5) both evaluate the
+program through :func:`eval_named`, which is what keeps the plan and the
+rewritten program in agreement.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax._src import core
+from jax.ad_checkpoint import checkpoint_name
+
+from ._trace import eval_eqn, read_atom
+
+_SCOPE = "remat_opt_eqn"
+_SCOPE_RE = re.compile(rf"{_SCOPE}(\d+)")
+
+
+def value_name(eqn_index: int, out_index: int) -> str:
+    """The checkpoint name of output ``out_index`` of primal equation ``eqn_index``."""
+    return f"remat_opt/{eqn_index}/{out_index}"
+
+
+def eqn_index_of(name_stack: object) -> int | None:
+    """The primal equation a (derived) equation came from, read off its name stack."""
+    found = _SCOPE_RE.findall(str(name_stack))
+    return int(found[-1]) if found else None
+
+
+def is_nameable(aval: Any) -> bool:
+    """Whether a value can be saved by name: a floating array."""
+    return hasattr(aval, "dtype") and jnp.issubdtype(aval.dtype, jnp.inexact)
+
+
+def eval_named(
+    jaxpr: core.Jaxpr, env: dict, start: int, stop: int
+) -> None:
+    """Evaluates primal equations ``start:stop`` into ``env``, scoped and named."""
+    for i in range(start, stop):
+        eqn = jaxpr.eqns[i]
+        invals = [read_atom(env, v) for v in eqn.invars]
+        with jax.named_scope(f"{_SCOPE}{i}"):
+            outs = eval_eqn(eqn, invals)
+            outs = [
+                checkpoint_name(o, value_name(i, k)) if is_nameable(v.aval) else o
+                for k, (v, o) in enumerate(zip(eqn.outvars, outs))
+            ]
+        env.update(zip(eqn.outvars, outs))
+
+
+def eval_program(closed: core.ClosedJaxpr, args: Sequence[Any]) -> list[Any]:
+    """Evaluates the whole flat program with every value named."""
+    env: dict = dict(zip(closed.jaxpr.constvars, closed.consts))
+    env.update(zip(closed.jaxpr.invars, args))
+    eval_named(closed.jaxpr, env, 0, len(closed.jaxpr.eqns))
+    return [read_atom(env, v) for v in closed.jaxpr.outvars]

@@ -1,0 +1,134 @@
+"""Stage 5 — rewrite: the plan as a JAX program that XLA cannot undo.
+
+Each segment of the plan becomes ``jax.checkpoint`` with a name-based policy
+(``save_only_these_names`` — the kind ``jax_remat3`` honours), wrapped in a
+``jax.custom_vjp`` whose backward runs the segment's recompute-and-transpose
+inside a ``lax.cond`` on a predicate read from the incoming cotangent.
+
+Why the fence: on XLA:CPU a bare ``jax.checkpoint`` is undone — CSE merges the
+recomputation into the forward and the scheduler hoists it (FINDINGS §1, jax
+#19822). A computation inside a conditional whose predicate XLA cannot fold
+cannot start before that predicate exists, so the recomputation stays in the
+backward pass where the plan put it (FINDINGS §2). Both branches compute the
+same, exact gradient, so correctness never depends on the predicate's value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax._src import core
+
+from ._graph import ProgramGraph
+from ._memory import Schedule
+from ._names import eval_named
+from ._trace import read_atom
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Primal equations ``start:stop`` run as one fenced checkpoint."""
+
+    start: int
+    stop: int
+    inputs: tuple[core.Var, ...]
+    outputs: tuple[core.Var, ...]
+    saved_names: tuple[str, ...]
+
+
+def _fence_predicate(cotangents: Any) -> jax.Array | None:
+    for leaf in jax.tree_util.tree_leaves(cotangents):
+        if hasattr(leaf, "dtype") and jnp.issubdtype(leaf.dtype, jnp.inexact) and leaf.size:
+            first = jnp.ravel(leaf)[0]
+            return first == first  # false only for NaN; both branches agree anyway
+    return None
+
+
+def fenced_checkpoint(fn: Callable[..., Any], saved_names: Sequence[str]) -> Callable[..., Any]:
+    """``jax.checkpoint(fn)`` whose backward runs only once its cotangent exists.
+
+    Args:
+        fn: function of arrays to checkpoint.
+        saved_names: ``checkpoint_name`` names the forward keeps; everything
+            else the backward needs is recomputed.
+
+    Returns:
+        A function with ``fn``'s signature and values.
+    """
+    policy = jax.checkpoint_policies.save_only_these_names(*saved_names)
+    remat = jax.checkpoint(fn, policy=policy, prevent_cse=False)
+
+    @jax.custom_vjp
+    def call(*args: Any) -> Any:
+        return fn(*args)
+
+    def fwd(*args: Any) -> tuple[Any, Any]:
+        return jax.vjp(remat, *args)
+
+    def bwd(vjp_fn: Any, cotangents: Any) -> Any:
+        pred = _fence_predicate(cotangents)
+        if pred is None:
+            return vjp_fn(cotangents)
+        return lax.cond(pred, vjp_fn, vjp_fn, cotangents)
+
+    call.defvjp(fwd, bwd)
+    return call
+
+
+def segments_of(graph: ProgramGraph, schedule: Schedule) -> tuple[Segment, ...]:
+    """Splits the primal program at the schedule's cuts."""
+    jaxpr = graph.traced.jaxpr.jaxpr
+    n = len(jaxpr.eqns)
+    bounds = [0, *sorted(c for c in schedule.cuts if 0 < c < n), n]
+    names_at: dict[int, list[str]] = {}
+    for v in schedule.saved:
+        unit = graph.units[graph.node_unit[v]]
+        names_at.setdefault(unit.position, []).append(unit.name)
+    later_reads: list[set] = [set() for _ in range(n + 1)]  # vars read at or after position p
+    acc = {v for v in jaxpr.outvars if isinstance(v, core.Var)}
+    later_reads[n] = set(acc)
+    for p in range(n - 1, -1, -1):
+        acc |= {v for v in jaxpr.eqns[p].invars if isinstance(v, core.Var)}
+        later_reads[p] = set(acc)
+    segments = []
+    for start, stop in zip(bounds[:-1], bounds[1:]):
+        defined = {v for e in jaxpr.eqns[start:stop] for v in e.outvars}
+        read = []
+        for e in jaxpr.eqns[start:stop]:
+            read += [v for v in e.invars if isinstance(v, core.Var) and v not in defined and v not in read]
+        outs = [v for e in jaxpr.eqns[start:stop] for v in e.outvars if v in later_reads[stop]]
+        names = sorted(name for p in range(start, stop) for name in names_at.get(p, ()))
+        segments.append(Segment(start, stop, tuple(read), tuple(outs), tuple(names)))
+    return tuple(segments)
+
+
+def rewrite(graph: ProgramGraph, schedule: Schedule) -> Callable[..., list[Any]]:
+    """The program of ``graph`` under ``schedule``, as a function of flat inputs."""
+    closed = graph.traced.jaxpr
+    jaxpr = closed.jaxpr
+    segments = segments_of(graph, schedule)
+
+    def make_segment_fn(seg: Segment) -> Callable[..., Any]:
+        def run(*vals: Any) -> tuple[Any, ...]:
+            env = dict(zip(seg.inputs, vals))
+            eval_named(jaxpr, env, seg.start, seg.stop)
+            return tuple(env[v] for v in seg.outputs)
+
+        return fenced_checkpoint(run, seg.saved_names)
+
+    fns = [make_segment_fn(s) for s in segments]
+
+    def program(*flat_args: Any) -> list[Any]:
+        env: dict = dict(zip(jaxpr.constvars, closed.consts))
+        env.update(zip(jaxpr.invars, flat_args))
+        for seg, fn in zip(segments, fns):
+            outs = fn(*(env[v] for v in seg.inputs))
+            env.update(zip(seg.outputs, outs))
+        return [read_atom(env, v) for v in jaxpr.outvars]
+
+    return program
