@@ -98,6 +98,8 @@ class ProgramGraph:
     output_bytes: int
     node_shape: tuple[tuple[int, ...], ...]
     node_dtype: tuple[str, ...]
+    fused: tuple[bool, ...] = ()
+    named_copy: tuple[bool, ...] = ()
 
     @property
     def num_nodes(self) -> int:
@@ -140,7 +142,29 @@ class ProgramGraph:
 
 # Primitives whose output XLA lays over its input (a bitcast or the identity):
 # one buffer, counted once.
-ALIASING_PRIMITIVES = frozenset({"name", "reshape", "squeeze", "expand_dims", "copy_p", "optimization_barrier"})
+ALIASING_PRIMITIVES = frozenset(
+    {"name", "reshape", "squeeze", "expand_dims", "copy_p", "optimization_barrier", "stop_gradient"}
+)
+
+# Elementwise (or broadcast-like) primitives XLA:CPU fuses into their consumers
+# and duplicates freely (not in XLA's ``IsExpensive``): a value made by one of
+# these from values the backward holds anyway never gets a buffer of its own.
+CHEAP_FUSIBLE_PRIMITIVES = frozenset({
+    "add", "add_any", "sub", "mul", "neg", "max", "min", "select_n", "integer_pow", "square",
+    "abs", "sign", "convert_element_type", "broadcast_in_dim", "iota", "eq", "ne", "lt", "le",
+    "gt", "ge", "and", "or", "not", "xor", "clamp", "floor", "ceil", "round", "copy", "copy_p",
+    "reshape", "squeeze", "expand_dims", "name", "stop_gradient", "transpose", "reduce_precision",
+    "real", "imag", "conj", "is_finite", "nextafter",
+})
+
+# Consumers that read their operands from memory (XLA:CPU never fuses a
+# producer into them): an operand of one of these is materialized in the forward.
+MATERIALIZING_CONSUMERS = frozenset({
+    "dot_general", "conv_general_dilated", "gather", "scatter", "scatter-add", "scatter_add",
+    "dynamic_slice", "dynamic_update_slice", "sort", "cumsum", "cumprod", "cummax", "cumlogsumexp",
+    "custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr", "while", "cond", "scan",
+    "fft", "triangular_solve", "cholesky", "lu", "qr", "eigh", "svd",
+})
 
 
 def _source_line(eqn: core.JaxprEqn) -> str:
@@ -189,6 +213,7 @@ def build_graph(traced: TracedProgram, cost_model: CostModel | None = None) -> P
     consumers: list[list[int]] = []
     buffer: list[int] = []
     position = 0
+    cse: dict = {}  # XLA's CSE: an equation identical to an earlier one shares its buffer
     for i, eqn in enumerate(kj.eqns):
         idx = eqn_index_of(eqn.source_info.name_stack)
         position = idx if idx is not None else position
@@ -197,6 +222,13 @@ def build_graph(traced: TracedProgram, cost_model: CostModel | None = None) -> P
         if eqn.primitive.name in ALIASING_PRIMITIVES and len(eqn.invars) == 1 and len(eqn.outvars) == 1:
             src = eqn.invars[0]
             alias = buffer[node_of[src]] if src in node_of else -1
+        elif len(eqn.outvars) == 1 and not eqn.effects:
+            key = _cse_key(eqn, node_of, buffer)
+            if key is not None:
+                if key in cse:
+                    alias = cse[key]
+                else:
+                    cse[key] = len(node_bytes)
         outputs = []
         for v in eqn.outvars:
             node_of[v] = len(node_bytes)
@@ -225,6 +257,7 @@ def build_graph(traced: TracedProgram, cost_model: CostModel | None = None) -> P
     for v in kj.outvars[: len(kj.outvars) - len(res_avals)]:
         if isinstance(v, core.Var) and v in node_of:
             is_output[node_of[v]] = True
+    fused = _fused_residuals(units, node_unit, residual, buffer, consumers)
     return ProgramGraph(
         traced=traced,
         units=tuple(units),
@@ -239,4 +272,89 @@ def build_graph(traced: TracedProgram, cost_model: CostModel | None = None) -> P
         output_bytes=out_bytes,
         node_shape=tuple(shapes),
         node_dtype=tuple(dtypes),
+        fused=fused,
     )
+
+
+def _cse_key(eqn: core.JaxprEqn, node_of: dict, buffer: list[int]) -> tuple | None:
+    """What XLA's CSE compares: primitive, parameters and operand buffers."""
+    args = []
+    for v in eqn.invars:
+        if isinstance(v, core.Literal):
+            try:
+                args.append(("lit", str(v.aval), np.asarray(v.val).tobytes()))
+            except Exception:
+                return None
+        elif v in node_of:
+            args.append(("node", buffer[node_of[v]]))
+        else:
+            args.append(("in", id(v)))
+    try:
+        params = repr(sorted(eqn.params.items(), key=lambda kv: kv[0]))
+    except Exception:
+        return None
+    return (eqn.primitive.name, params, str(eqn.outvars[0].aval), tuple(args))
+
+
+def _fused_residuals(
+    units: list[Unit], node_unit: list[int], residual: list[bool], buffer: list[int], consumers: list[list[int]]
+) -> tuple[bool, ...]:
+    """Per node: a residual XLA recomputes inside the backward's fusions instead of keeping.
+
+    A residual made by a cheap elementwise unit (``1 - tanh²``, ``2 (x - m)``,
+    a broadcast of a constant) from values the backward holds anyway (program
+    inputs, other kept residuals, or such cheap values of them) is fused into
+    its backward readers by XLA and has no buffer, unless a forward reader
+    that works from memory (a ``dot_general``) forces it into one.
+    """
+    n = len(node_unit)
+    readers: list[set[str]] = [set() for _ in range(n)]  # readers of each buffer, through aliases
+    res_buf = [False] * n  # the backward reads the buffer (through any alias)
+    for v in range(n):
+        b = buffer[v]
+        if b >= 0:
+            readers[b].update(units[u].primitive for u in consumers[v])
+            res_buf[b] = res_buf[b] or residual[v]
+    kept = [False] * n  # a buffer the backward holds anyway (a residual XLA keeps)
+    free = [False] * n  # available to the backward at no cost of its own
+    fused = [False] * n
+    for unit in units:
+        for v in unit.outputs:
+            b = buffer[v]
+            if b < 0:  # alias of a program input
+                free[v] = True
+                continue
+            if b != v:
+                kept[v], free[v], fused[v] = kept[b], free[b], fused[b]
+                continue
+            cheap = unit.primitive in CHEAP_FUSIBLE_PRIMITIVES and not (readers[v] & MATERIALIZING_CONSUMERS)
+            inputs_free = all(free[w] or kept[w] for w in unit.inputs)
+            if res_buf[v]:
+                fused[v] = cheap and inputs_free
+                kept[v] = not fused[v]
+                free[v] = True
+            else:
+                free[v] = unit.primitive in CHEAP_FUSIBLE_PRIMITIVES and inputs_free
+    return tuple(fused)
+
+
+def primal_units(graph: ProgramGraph) -> frozenset[int]:
+    """Units that compute the user's values (not residuals derived by JVP rules).
+
+    Recomputing a primal unit costs extra FLOPs. A derived unit (``1 - tanh²``
+    for the JVP of ``tanh``) runs once either way: in the forward of the plain
+    program, in the backward of a rematerialized one. A unit is primal when
+    its value flows, within its own position, to a ``name`` unit, a reader at
+    a later position, or a program output.
+    """
+    units = graph.units
+    primal: set[int] = set()
+    for u in reversed(units):
+        for v in u.outputs:
+            if graph.is_output[v] or any(
+                units[c].position > u.position or units[c].name is not None or c in primal
+                for c in graph.consumers[v]
+            ):
+                primal.add(u.index)
+                break
+    return frozenset(primal) - {u.index for u in units if u.name is not None}

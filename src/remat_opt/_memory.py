@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ._graph import ProgramGraph
+from ._graph import ProgramGraph, primal_units
 
 
 @dataclass(frozen=True)
@@ -68,13 +68,14 @@ def segment_of_positions(num_positions: int, cuts: frozenset[int]) -> tuple[int,
 
 
 def transient_bytes(graph: ProgramGraph, unit: int) -> int:
-    """In-flight bytes while one unit is transposed: its largest output, twice."""
-    return 2 * max((graph.node_bytes[v] for v in graph.units[unit].outputs), default=0)
+    """In-flight bytes while one unit is transposed: its largest output (XLA:CPU
+    writes most cotangents in place of a dead operand, so one, not two)."""
+    return max((graph.node_bytes[v] for v in graph.units[unit].outputs), default=0)
 
 
 def materialized(graph: ProgramGraph, node: int) -> bool:
-    """Whether a recomputed value gets a buffer of its own in the segment's backward."""
-    return graph.residual[node]
+    """Whether a residual gets a buffer of its own (XLA fuses the cheap ones away)."""
+    return graph.residual[node] and not (graph.fused and graph.fused[node])
 
 
 def boundary_cotangent_bytes(graph: ProgramGraph, cut: int) -> int:
@@ -110,10 +111,19 @@ def simulate(graph: ProgramGraph, schedule: Schedule) -> Simulation:
             recomputed.add(u)
             stack.extend(graph.node_unit[w] for w in units[u].inputs if w not in available)
 
+    # The last segment's backward is seeded by the constant cotangent 1.0 of the
+    # loss: XLA folds its fence, CSE merges its recomputation into the forward,
+    # and it runs as the plain program does. Its inputs are then stored only
+    # when they are residuals XLA keeps; its recomputed residuals are simply the
+    # plain program's (counted at that segment alone, since its backward runs first).
+    last = num_segments - 1
+    if not schedule.plain and num_segments > 1:
+        crossing = {v: p for v, p in crossing.items() if seg_of[p] != last or materialized(graph, v)}
+
     # A saved name is stored only if the backward reads it (JAX saves residuals only).
     live_from = dict(crossing)
     if schedule.plain:
-        live_from = {v: graph.position_of(v) for v in range(graph.num_nodes) if graph.residual[v] and not graph.is_output[v]}
+        live_from = {v: graph.position_of(v) for v in range(graph.num_nodes) if materialized(graph, v) and not graph.is_output[v]}
     else:
         read = {w for u in recomputed for w in units[u].inputs}
         for v in schedule.saved:
@@ -140,7 +150,7 @@ def simulate(graph: ProgramGraph, schedule: Schedule) -> Simulation:
         peaks.append(base + stored + rematerialized + transient + boundary_cotangent_bytes(graph, seg_end[j] + 1))
     return Simulation(
         peak_bytes=max(peaks),
-        recompute_flops=sum(units[u].flops for u in recomputed),
+        recompute_flops=sum(units[u].flops for u in recomputed & primal_units(graph)),
         recomputed_units=frozenset(recomputed),
         stored_nodes=frozenset(live_from),
         segment_peaks=tuple(peaks),

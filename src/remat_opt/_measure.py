@@ -1,0 +1,65 @@
+"""Stage 6 — measure: what XLA says the program costs.
+
+One definition of "peak" is used everywhere — in the budget, the plan, the
+tests and the benchmarks: the bytes XLA allocates for
+``jax.jit(jax.value_and_grad(fn, argnums))`` on these arguments, that is
+argument + output + temp − alias from ``compiled.memory_analysis()``.
+(``peak_memory_in_bytes`` on CPU reports arguments and outputs only; FINDINGS §1.)
+FLOPs are counted on the jaxpr, because XLA's ``cost_analysis`` counts after
+CSE and hides or shows recomputation depending on its passes (FINDINGS §4).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+
+from ._cost import CostModel, jaxpr_flops
+
+
+def _abstract(tree: Any) -> Any:
+    return jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(jax.numpy.shape(x), x.dtype), tree)
+
+
+def peak_bytes(fn: Callable[..., Any], *args: Any, argnums: int | Sequence[int] = 0, **kwargs: Any) -> int:
+    """XLA's peak for one gradient step of ``fn`` on these arguments.
+
+    Args:
+        fn: a function returning a scalar.
+        *args: positional arguments (arrays, pytrees, or ``jax.ShapeDtypeStruct``).
+        argnums: the positional arguments differentiated, as in ``jax.grad``.
+        **kwargs: keyword arguments, not differentiated.
+
+    Returns:
+        argument + output + temp − alias bytes of the compiled step.
+
+    Example:
+        >>> import jax.numpy as jnp, remat_opt
+        >>> remat_opt.peak_bytes(lambda w: jnp.sum(jnp.tanh(w)), jnp.ones(1024)) > 0
+        True
+    """
+    step = jax.jit(jax.value_and_grad(fn, argnums=argnums))
+    compiled = step.lower(*_abstract(args), **_abstract(kwargs)).compile()
+    return memory_of(compiled)
+
+
+def memory_of(compiled: Any) -> int:
+    """argument + output + temp − alias bytes of a compiled computation."""
+    m = compiled.memory_analysis()
+    return int(
+        m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes - m.alias_size_in_bytes
+    )
+
+
+def gradient_flops(
+    fn: Callable[..., Any],
+    args: Sequence[Any],
+    kwargs: dict,
+    argnums: int | Sequence[int],
+    cost_model: CostModel | None = None,
+) -> int:
+    """FLOPs of the jaxpr of ``jax.value_and_grad(fn)``: forward, recomputation and backward."""
+    jaxpr = jax.make_jaxpr(jax.value_and_grad(fn, argnums=argnums))(*_abstract(tuple(args)), **_abstract(kwargs))
+    return jaxpr_flops(jaxpr, cost_model)

@@ -1,0 +1,236 @@
+"""The public entry point: ``optimize(fn, budget_bytes)`` runs the pipeline.
+
+trace → graph → solve → rewrite → measure, once per input signature, cached.
+The judge is XLA: a plan is returned only after the rewritten gradient step
+has been compiled and its peak measured at or under the budget. When XLA's
+figure is over, the solver's target is tightened by the overshoot and the plan
+re-solved, a bounded number of times; then :class:`PlanVerificationError`.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import networkx as nx
+
+from ._budget import parse_bytes
+from ._cost import CostModel
+from ._errors import InfeasibleBudgetError, PlanVerificationError
+from ._graph import ProgramGraph, build_graph
+from ._measure import gradient_flops, peak_bytes
+from ._memory import Schedule, Simulation, simulate
+from ._plan import Plan
+from ._rewrite import rewrite
+from ._solve import SolverOptions, min_peak_schedule, solve
+from ._trace import normalize_argnums, trace
+
+
+@dataclass(frozen=True)
+class _Signature:
+    tree: Any
+    avals: tuple[tuple[tuple[int, ...], str], ...]
+
+
+def _signature(args: tuple, kwargs: dict) -> _Signature:
+    leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
+    return _Signature(tree, tuple((tuple(jax.numpy.shape(x)), str(jax.numpy.result_type(x))) for x in leaves))
+
+
+def _abstract(tree: Any) -> Any:
+    return jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(jax.numpy.shape(x), jax.numpy.result_type(x)), tree)
+
+
+def apply_schedule(fn: Callable[..., Any], graph: ProgramGraph, schedule: Schedule) -> Callable[..., Any]:
+    """``fn`` with ``schedule`` applied, for arguments of the traced signature."""
+    if schedule.plain:
+        return fn
+    program = rewrite(graph, schedule)
+    traced = graph.traced
+
+    @functools.wraps(fn)
+    def rewritten(*args: Any, **kwargs: Any) -> Any:
+        flat = jax.tree_util.tree_leaves((args, kwargs))
+        return jax.tree_util.tree_unflatten(traced.out_tree, program(*flat))
+
+    return rewritten
+
+
+def annotate(graph: ProgramGraph, sim: Simulation) -> nx.DiGraph:
+    """The plan's networkx graph: the program graph with each value's decision."""
+    g = graph.nx_graph()
+    for v in g.nodes:
+        unit = graph.node_unit[v]
+        if graph.is_output[v]:
+            decision = "output"
+        elif v in sim.stored_nodes:
+            decision = "save"
+        elif unit in sim.recomputed_units:
+            decision = "recompute"
+        else:
+            decision = "free"
+        g.nodes[v]["decision"] = decision
+        g.nodes[v]["segment"] = sim.segment_of_position[graph.units[unit].position]
+    return g
+
+
+class OptimizedFunction:
+    """``fn`` with gradient checkpoints placed by remat_opt; same signature and values.
+
+    Calling it plans (once per argument shapes and dtypes) and runs the rewritten
+    program; it composes with ``jax.jit``, ``jax.grad``, ``jax.value_and_grad``
+    and ``jax.vjp``.
+    """
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        budget_bytes: int,
+        argnums: int | Sequence[int],
+        solver_options: SolverOptions,
+        max_attempts: int,
+        cost_model: CostModel | None,
+    ):
+        self.fn = fn
+        self.budget_bytes = budget_bytes
+        self.argnums = argnums
+        self.solver_options = solver_options
+        self.max_attempts = max_attempts
+        self.cost_model = cost_model
+        self._cache: dict[_Signature, tuple[Plan, Callable[..., Any]]] = {}
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        _, program = self._planned(args, kwargs)
+        return program(*args, **kwargs)
+
+    def plan(self, *args: Any, **kwargs: Any) -> Plan:
+        """The plan for these arguments (solved and verified on first use, then cached)."""
+        return self._planned(args, kwargs)[0]
+
+    def _planned(self, args: tuple, kwargs: dict) -> tuple[Plan, Callable[..., Any]]:
+        key = _signature(args, kwargs)
+        if key not in self._cache:
+            self._cache[key] = self._make_plan(_abstract(args), _abstract(kwargs))
+        return self._cache[key]
+
+    def _make_plan(self, args: tuple, kwargs: dict) -> tuple[Plan, Callable[..., Any]]:
+        argnums = normalize_argnums(self.argnums, len(args))
+        traced = trace(self.fn, args, kwargs, argnums)
+        graph = build_graph(traced, self.cost_model)
+        nums = argnums if len(argnums) > 1 else argnums[0]
+
+        def measure(f: Callable[..., Any]) -> int:
+            return peak_bytes(f, *args, argnums=nums, **kwargs)
+
+        baseline_flops = gradient_flops(self.fn, args, kwargs, nums, self.cost_model)
+        plain_peak = measure(self.fn)
+        budget = self.budget_bytes
+        if budget >= plain_peak:
+            sim = simulate(graph, Schedule(plain=True))
+            plan = self._plan(graph, sim, Schedule(plain=True), plain_peak, plain_peak, 0, baseline_flops,
+                              "PLAIN", 0.0, 0.0, 0)
+            return plan, self.fn
+
+        target, solve_seconds = budget, 0.0
+        for attempt in range(1, self.max_attempts + 1):
+            try:
+                solution = solve(graph, target, self.solver_options)
+            except InfeasibleBudgetError:
+                raise self._infeasible(graph, measure, attempt) from None
+            solve_seconds += solution.solve_seconds
+            program = apply_schedule(self.fn, graph, solution.schedule)
+            measured = measure(program)
+            if measured <= budget:
+                sim = simulate(graph, solution.schedule)
+                measured_flops = gradient_flops(program, args, kwargs, nums, self.cost_model) - baseline_flops
+                plan = self._plan(graph, sim, solution.schedule, measured, plain_peak, measured_flops,
+                                  baseline_flops, solution.status, solution.gap, solve_seconds, attempt)
+                return plan, program
+            target -= measured - budget
+        raise PlanVerificationError(budget, measured, attempts=self.max_attempts,
+                                    detail="The memory model underestimates XLA on this program.")
+
+    def _infeasible(self, graph: ProgramGraph, measure: Callable, attempt: int) -> InfeasibleBudgetError:
+        """The error for a budget below reach, with a budget that XLA confirms."""
+        schedule = min_peak_schedule(graph, self.solver_options)
+        predicted = simulate(graph, schedule).peak_bytes
+        measured = measure(apply_schedule(self.fn, graph, schedule))
+        detail = f"(XLA measured {measured:,} bytes for the lowest-memory plan; the model predicted {predicted:,}.)"
+        if attempt > 1:
+            detail += " The budget was tightened after XLA measured an earlier plan over it."
+        return InfeasibleBudgetError(self.budget_bytes, max(measured, predicted), detail=detail)
+
+    def _plan(self, graph: ProgramGraph, sim: Simulation, schedule: Schedule, measured: int,
+              plain_peak: int, measured_flops: int | None, baseline_flops: int, status: str,
+              gap: float, solve_seconds: float, attempts: int) -> Plan:
+        return Plan(
+            graph=annotate(graph, sim),
+            budget_bytes=self.budget_bytes,
+            predicted_peak_bytes=sim.peak_bytes,
+            measured_peak_bytes=measured,
+            plain_peak_bytes=plain_peak,
+            recompute_flops=sim.recompute_flops,
+            measured_recompute_flops=measured_flops,
+            baseline_flops=baseline_flops,
+            status=status,
+            gap=gap,
+            solve_seconds=solve_seconds,
+            attempts=attempts,
+            schedule=schedule,
+            jax_version=jax.__version__,
+        )
+
+
+def optimize(
+    fn: Callable[..., Any],
+    budget_bytes: int | str,
+    *,
+    argnums: int | Sequence[int] = 0,
+    solver_options: SolverOptions | None = None,
+    max_attempts: int = 4,
+    cost_model: CostModel | None = None,
+) -> OptimizedFunction:
+    """Places gradient checkpoints in ``fn`` so its gradient step fits ``budget_bytes``.
+
+    Args:
+        fn: the loss function, returning a scalar.
+        budget_bytes: peak bytes for ``jax.jit(jax.value_and_grad(fn))`` as XLA
+            measures it (see :func:`peak_bytes`); an int or a string such as
+            ``"512MiB"`` or ``"2GB"``.
+        argnums: positional arguments that are differentiated.
+        solver_options: CP-SAT settings (time limit, workers, seed).
+        max_attempts: solves allowed until XLA confirms the budget.
+        cost_model: FLOPs per equation; the default counts dots and convs exactly.
+
+    Returns:
+        An :class:`OptimizedFunction` with ``fn``'s signature and values.
+
+    Raises:
+        TypeError: ``fn`` is not callable, or ``budget_bytes`` has the wrong type.
+        ValueError: ``budget_bytes`` is not a positive size.
+        InfeasibleBudgetError: (on first call) no plan fits; carries ``min_budget_bytes``.
+        PlanVerificationError: (on first call) XLA kept measuring plans over budget.
+
+    Example:
+        >>> import jax, jax.numpy as jnp, remat_opt
+        >>> loss = lambda w, x: jnp.sum(jnp.tanh(jnp.tanh(x @ w) @ w))
+        >>> step = remat_opt.optimize(loss, budget_bytes="64MiB")
+        >>> w, x = jnp.ones((8, 8)), jnp.ones((4, 8))
+        >>> bool(jnp.allclose(jax.grad(step)(w, x), jax.grad(loss)(w, x)))
+        True
+    """
+    if not callable(fn):
+        raise TypeError(f"fn must be callable; got {fn!r} ({type(fn).__name__}). Pass the loss function itself.")
+    budget = parse_bytes(budget_bytes, argument="budget_bytes")
+    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
+        raise ValueError(f"max_attempts must be a positive int; got {max_attempts!r}.")
+    if solver_options is not None and not isinstance(solver_options, SolverOptions):
+        raise TypeError(f"solver_options must be a remat_opt.SolverOptions; got {type(solver_options).__name__}.")
+    if isinstance(argnums, bool) or not isinstance(argnums, (int, tuple, list)):
+        raise TypeError(f"argnums must be an int or a tuple of ints; got {argnums!r}.")
+    return OptimizedFunction(fn, budget, argnums, solver_options or SolverOptions(), max_attempts, cost_model)

@@ -1,0 +1,84 @@
+"""The plan: what was decided, what the model predicts, what XLA measured."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import networkx as nx
+
+from ._budget import format_bytes
+from ._memory import Schedule
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A checkpointing plan for one input signature, with its evidence.
+
+    Predicted and measured figures are kept apart: ``predicted_peak_bytes`` is
+    the memory model's, ``measured_peak_bytes`` is XLA's (``None`` only when it
+    was not measured).
+
+    Attributes:
+        graph: one node per value of the differentiated forward program, with
+            attributes ``primitive``, ``shape``, ``dtype``, ``bytes``, ``flops``,
+            ``decision`` ("input", "output", "save", "recompute" or "free": used
+            only in the forward), ``segment`` and ``source`` (the user's line).
+        budget_bytes: the budget asked for.
+        predicted_peak_bytes: the model's peak for this plan.
+        measured_peak_bytes: XLA's peak (``remat_opt.peak_bytes``) for this plan.
+        plain_peak_bytes: XLA's peak for the function as written.
+        recompute_flops: FLOPs recomputed, by the model.
+        measured_recompute_flops: FLOPs the rewritten program's jaxpr computes
+            beyond the plain gradient's.
+        baseline_flops: FLOPs of the plain gradient (``jax.value_and_grad``).
+        status: "OPTIMAL", "FEASIBLE" (see ``gap``) or "PLAIN" (no remat needed).
+        gap: relative optimality gap of the recompute FLOPs (0 when optimal).
+        solve_seconds: time in the CP-SAT solver, all attempts.
+        attempts: solves needed until XLA confirmed the budget.
+        schedule: the decisions (segment starts and saved names).
+        strategy: who made the plan ("remat_opt", or a baseline's name).
+        jax_version: the jax version it was measured with.
+    """
+
+    graph: nx.DiGraph = field(repr=False, compare=False)
+    budget_bytes: int
+    predicted_peak_bytes: int
+    measured_peak_bytes: int | None
+    plain_peak_bytes: int | None
+    recompute_flops: int
+    measured_recompute_flops: int | None
+    baseline_flops: int
+    status: str
+    gap: float
+    solve_seconds: float
+    attempts: int
+    schedule: Schedule
+    strategy: str = "remat_opt"
+    jax_version: str = ""
+
+    @property
+    def num_segments(self) -> int:
+        return 1 if self.schedule.plain else len(self.schedule.cuts) + 1
+
+    @property
+    def recompute_overhead(self) -> float:
+        """Recomputed FLOPs as a fraction of the plain gradient's FLOPs."""
+        return self.recompute_flops / self.baseline_flops if self.baseline_flops else 0.0
+
+    @property
+    def fits(self) -> bool | None:
+        """Whether XLA's measured peak is within the budget."""
+        return None if self.measured_peak_bytes is None else self.measured_peak_bytes <= self.budget_bytes
+
+    def __str__(self) -> str:
+        measured = "not measured" if self.measured_peak_bytes is None else format_bytes(self.measured_peak_bytes)
+        plain = "" if self.plain_peak_bytes is None else f" (plain {format_bytes(self.plain_peak_bytes)})"
+        status = self.status + (f", gap {self.gap:.1%}" if self.status == "FEASIBLE" else "")
+        saved = len(self.schedule.saved)
+        return (
+            f"Plan[{self.strategy}] {status}: budget {format_bytes(self.budget_bytes)}, "
+            f"predicted peak {format_bytes(self.predicted_peak_bytes)}, measured {measured}{plain}; "
+            f"{self.num_segments} segment(s), {saved} value(s) saved by name; "
+            f"recompute {self.recompute_flops:,} FLOPs (+{self.recompute_overhead:.1%}); "
+            f"solved in {self.solve_seconds:.2f}s, {self.attempts} attempt(s); jax {self.jax_version}"
+        )

@@ -1,0 +1,270 @@
+"""Stage 4 — solve: where the segments fall and what is saved, with CP-SAT.
+
+The model encodes :func:`remat_opt._memory.simulate` linearly (read that
+module first; the tests hold the two equal, and equal to brute force on small
+graphs):
+
+* ``cut[c]``: a segment starts at candidate position ``c``.
+* ``save[v]``: name node ``v`` is saved by the forward.
+* ``cross[v, k]``: some cut lies between ``v`` and its ``k``-th later reader,
+  so ``v`` is stored from that reader's position on (monotone in ``k``).
+* ``rc[u]``: unit ``u`` is recomputed in its segment's backward. Residuals
+  that are not stored force ``rc``; a recomputed unit forces its inputs.
+* Running sums with a reset at every cut give each segment's recomputed
+  bytes and largest transient; at each possible segment end the peak of the
+  segment is bounded by the budget.
+
+The objective is the recomputed FLOPs. Unlike Checkmate's MILP (one boolean
+per stage and node, O(n²)), the variables here are O(nodes + cuts), because
+the execution model fixes the order: forward, then segments in reverse.
+
+References:
+    Jain et al., "Checkmate: Breaking the Memory Wall with Optimal Tensor
+    Rematerialization", MLSys 2020; Bartan et al., "Moccasin: Efficient Tensor
+    Rematerialization for Neural Networks", ICML 2023.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from ortools.sat.python import cp_model
+
+from ._errors import InfeasibleBudgetError
+from ._graph import ProgramGraph, primal_units
+from ._memory import Schedule, boundary_cotangent_bytes, materialized, simulate, transient_bytes
+
+
+@dataclass(frozen=True)
+class SolverOptions:
+    """CP-SAT settings; every solve is bounded, seeded and deterministic.
+
+    Attributes:
+        time_limit_s: wall-clock cap per solve.
+        deterministic_time_limit: CP-SAT's deterministic-time cap (the one
+            that makes a time-out repeatable).
+        num_workers: parallel search workers (interleaved, deterministic).
+        seed: random seed.
+        max_cut_candidates: positions offered as segment starts; the ones
+            with the fewest bytes crossing them are kept.
+    """
+
+    time_limit_s: float = 60.0
+    deterministic_time_limit: float = 30.0
+    num_workers: int = 8
+    seed: int = 0
+    max_cut_candidates: int = 48
+
+
+@dataclass(frozen=True)
+class Solution:
+    """A schedule with the solver's verdict."""
+
+    schedule: Schedule
+    status: str
+    objective_flops: int
+    bound_flops: float
+    gap: float
+    solve_seconds: float
+
+
+def cut_candidates(graph: ProgramGraph, limit: int) -> tuple[int, ...]:
+    """Positions where a segment may start: those with the fewest crossing bytes."""
+    positions = range(1, graph.num_positions)
+    ranked = sorted(positions, key=lambda c: (graph.crossing_bytes(c), c))
+    return tuple(sorted(ranked[:limit]))
+
+
+def save_candidates(graph: ProgramGraph) -> tuple[int, ...]:
+    """Name nodes worth saving: the backward reads them or recomputes from them."""
+    out = []
+    for v in range(graph.num_nodes):
+        unit = graph.units[graph.node_unit[v]]
+        if unit.name is None or graph.is_output[v]:
+            continue
+        if graph.residual[v] or any(graph.units[u].name is None for u in graph.consumers[v]):
+            out.append(v)
+    return tuple(out)
+
+
+class _Encoding:
+    """The CP-SAT model of one graph over fixed candidate sets."""
+
+    def __init__(self, graph: ProgramGraph, cuts: tuple[int, ...], saves: tuple[int, ...]):
+        self.graph = graph
+        m = self.model = cp_model.CpModel()
+        g, units = graph, graph.units
+        n = g.num_positions
+        self.cut = {c: m.NewBoolVar(f"cut{c}") for c in cuts}
+        self.save = {v: m.NewBoolVar(f"save{v}") for v in saves}
+        cut_list = sorted(self.cut)
+
+        def cuts_between(lo: int, hi: int) -> list:
+            """Cut literals at positions in (lo, hi]."""
+            return [self.cut[c] for c in cut_list if lo < c <= hi]
+
+        # cross[v]: list of (reader position, literal) in increasing position.
+        self.cross: dict[int, list[tuple[int, cp_model.IntVar]]] = {}
+        for v in range(g.num_nodes):
+            if g.is_output[v]:
+                continue
+            p = g.position_of(v)
+            readers = sorted({units[u].position for u in g.consumers[v] if units[u].position > p})
+            chain, prev, prev_pos = [], None, p
+            for q in readers:
+                new = cuts_between(prev_pos, q)
+                if not new and prev is None:
+                    prev_pos = q
+                    continue
+                lit = m.NewBoolVar(f"x{v}_{q}")
+                parts = new + ([prev] if prev is not None else [])
+                m.AddMaxEquality(lit, parts)
+                chain.append((q, lit))
+                prev, prev_pos = lit, q
+            if chain:
+                self.cross[v] = chain
+        crossing = {v: chain[-1][1] for v, chain in self.cross.items()}
+        for v, s in self.save.items():
+            if v in crossing:
+                m.Add(s + crossing[v] <= 1)  # saving a value that is stored anyway only costs
+
+        def available(v: int) -> list:
+            return [x for x in (crossing.get(v), self.save.get(v)) if x is not None]
+
+        self.rc = {u.index: m.NewBoolVar(f"rc{u.index}") for u in units}
+        for v in range(g.num_nodes):
+            if g.residual[v]:
+                m.Add(self.rc[g.node_unit[v]] + sum(available(v)) >= 1)
+        for u in units:
+            for w in u.inputs:
+                m.Add(self.rc[g.node_unit[w]] + sum(available(w)) >= self.rc[u.index])
+
+        # Running sums over positions, reset where a segment starts.
+        by_pos: list[list[int]] = [[] for _ in range(n)]
+        for u in units:
+            by_pos[u.position].append(u.index)
+        big = sum(g.node_bytes) + 1
+        self.acc, self.tmax = [], []
+        for p in range(n):
+            local = sum(
+                self.rc[u] * sum(g.node_bytes[v] for v in units[u].outputs if materialized(g, v))
+                for u in by_pos[p]
+            )
+            t_here = max((transient_bytes(g, u) for u in by_pos[p]), default=0)
+            acc = m.NewIntVar(0, big, f"acc{p}")
+            tmax = m.NewIntVar(0, big, f"tmax{p}")
+            m.Add(acc >= local)
+            m.Add(tmax >= t_here)
+            if p > 0:
+                enforce = [self.cut[p].Not()] if p in self.cut else []
+                m.Add(acc >= self.acc[p - 1] + local).OnlyEnforceIf(enforce)
+                m.Add(tmax >= self.tmax[p - 1]).OnlyEnforceIf(enforce)
+            self.acc.append(acc)
+            self.tmax.append(tmax)
+
+        # Segment-end peaks: at e = c - 1 for each candidate c, and at the end.
+        self.ends: list[tuple[int, cp_model.LinearExpr, list]] = []
+        base = g.input_bytes + g.output_bytes
+        for e in [c - 1 for c in cut_list] + [n - 1]:
+            stored = self._stored_at(e)
+            expr = base + stored + self.acc[e] + self.tmax[e] + boundary_cotangent_bytes(g, e + 1)
+            enforce = [self.cut[e + 1]] if e + 1 in self.cut else []
+            self.ends.append((e, expr, enforce))
+        self.flops = sum(self.rc[u] * units[u].flops for u in primal_units(g))
+
+    def _stored_at(self, e: int) -> cp_model.LinearExpr:
+        """Bytes of distinct stored buffers live at the end position ``e``."""
+        g = self.graph
+        live: dict[int, list] = {}
+        for v, chain in self.cross.items():
+            lits = [lit for q, lit in chain if q <= e]
+            if lits:
+                live.setdefault(g.buffer[v], []).append(lits[-1])
+        for v, s in self.save.items():
+            if g.position_of(v) <= e:
+                live.setdefault(g.buffer[v], []).append(s)
+        total = 0
+        for b, lits in live.items():
+            if b < 0:
+                continue
+            if len(lits) == 1:
+                lit = lits[0]
+            else:
+                lit = self.model.NewBoolVar(f"buf{b}_{e}")
+                self.model.AddMaxEquality(lit, lits)
+            total += g.node_bytes[b] * lit
+        return total
+
+    def schedule(self, solver: cp_model.CpSolver) -> Schedule:
+        cuts = frozenset(c for c, x in self.cut.items() if solver.Value(x))
+        saved = frozenset(v for v, x in self.save.items() if solver.Value(x))
+        return Schedule(cuts=cuts, saved=saved)
+
+
+def _solver(options: SolverOptions) -> cp_model.CpSolver:
+    solver = cp_model.CpSolver()
+    params = solver.parameters
+    params.max_time_in_seconds = options.time_limit_s
+    params.max_deterministic_time = options.deterministic_time_limit
+    params.num_workers = options.num_workers
+    params.interleave_search = True
+    params.random_seed = options.seed
+    return solver
+
+
+def min_peak_schedule(graph: ProgramGraph, options: SolverOptions = SolverOptions()) -> Schedule:
+    """A schedule with the smallest peak the model can reach, whatever the FLOPs."""
+    enc = _Encoding(graph, cut_candidates(graph, options.max_cut_candidates), save_candidates(graph))
+    m = enc.model
+    peak = m.NewIntVar(0, sum(graph.node_bytes) * 4 + graph.input_bytes + graph.output_bytes, "peak")
+    for _, expr, enforce in enc.ends:
+        m.Add(peak >= expr).OnlyEnforceIf(enforce)
+    m.Minimize(peak)
+    solver = _solver(options)
+    status = solver.Solve(m)
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        raise RuntimeError(f"CP-SAT found no schedule at all ({solver.StatusName(status)}).")
+    return enc.schedule(solver)
+
+
+def solve(graph: ProgramGraph, budget_bytes: int, options: SolverOptions = SolverOptions()) -> Solution:
+    """Minimum-recompute schedule whose predicted peak fits ``budget_bytes``.
+
+    Args:
+        graph: the program graph.
+        budget_bytes: the peak to fit, in XLA's terms (argument + output + temp).
+        options: solver settings.
+
+    Returns:
+        The schedule with status ``"OPTIMAL"`` or ``"FEASIBLE"`` and the gap.
+
+    Raises:
+        InfeasibleBudgetError: no schedule fits; carries the smallest peak the
+            model can reach.
+    """
+    start = time.perf_counter()
+    enc = _Encoding(graph, cut_candidates(graph, options.max_cut_candidates), save_candidates(graph))
+    for _, expr, enforce in enc.ends:
+        enc.model.Add(expr <= budget_bytes).OnlyEnforceIf(enforce)
+    enc.model.Minimize(enc.flops)
+    solver = _solver(options)
+    status = solver.Solve(enc.model)
+    if status == cp_model.INFEASIBLE:
+        raise InfeasibleBudgetError(budget_bytes, simulate(graph, min_peak_schedule(graph, options)).peak_bytes)
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        raise InfeasibleBudgetError(
+            budget_bytes, simulate(graph, min_peak_schedule(graph, options)).peak_bytes,
+            detail=f"CP-SAT stopped with {solver.StatusName(status)} before finding a schedule.",
+        )
+    objective = int(round(solver.ObjectiveValue()))
+    bound = float(solver.BestObjectiveBound())
+    gap = 0.0 if status == cp_model.OPTIMAL or objective == 0 else max(0.0, (objective - bound) / objective)
+    return Solution(
+        schedule=enc.schedule(solver),
+        status=solver.StatusName(status),
+        objective_flops=objective,
+        bound_flops=bound,
+        gap=gap,
+        solve_seconds=time.perf_counter() - start,
+    )

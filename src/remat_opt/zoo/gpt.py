@@ -1,0 +1,213 @@
+"""GPT-style decoder-only transformer trained with next-token cross-entropy.
+
+Token embedding plus learned positions, ``num_layers`` pre-LN blocks
+(``x + attn(ln1(x))`` then ``x + mlp(ln2(x))``) with multi-head causal
+self-attention (``jax.nn.softmax``) and a GELU MLP, a final layer norm and a tied
+(``logits = h @ wte.T``) or untied (``params["unembed"]``) output projection.
+Only the blocks are wrapped layers; embedding and head are not.
+
+The number of heads is read from the shape of ``w_q`` (``(d_model, heads,
+head_dim)``), so :func:`loss` needs no config. Each block materialises
+``batch * heads * seq_len**2`` attention scores; at ``seq_len >= 512`` with the
+default widths they dominate a block's activation memory (see
+:func:`attention_score_bytes`).
+"""
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from ._spec import ModelSpec, normal, numpy_rng, to_jax
+
+__all__ = ["GPTConfig", "init", "block", "loss", "num_layers", "attention_score_bytes", "SPEC"]
+
+Params = dict[str, Any]
+Batch = dict[str, jax.Array]
+LayerFn = Callable[..., jax.Array]
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    """Sizes of the GPT decoder.
+
+    Attributes:
+        num_layers: Number of transformer blocks (each one is a wrapped layer).
+        d_model: Residual-stream width; must be divisible by ``num_heads``.
+        num_heads: Attention heads per block.
+        seq_len: Tokens per sequence (the attention scores grow as its square).
+        batch: Sequences in the generated batch.
+        vocab: Vocabulary size of the integer tokens.
+        mlp_ratio: Hidden width of the MLP as a multiple of ``d_model``.
+        tie_embeddings: Whether the unembedding reuses the token embedding.
+    """
+
+    num_layers: int = 8
+    d_model: int = 128
+    num_heads: int = 4
+    seq_len: int = 128
+    batch: int = 4
+    vocab: int = 256
+    mlp_ratio: int = 4
+    tie_embeddings: bool = True
+
+
+def _layer_norm(x: jax.Array, scale: jax.Array, bias: jax.Array, eps: float = 1e-5) -> jax.Array:
+    mean = jnp.mean(x, axis=-1, keepdims=True)
+    var = jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True)
+    return (x - mean) * lax.rsqrt(var + eps) * scale + bias
+
+
+def _block_init(rng: np.random.Generator, config: GPTConfig) -> Params:
+    d, h = config.d_model, config.num_heads
+    dh, hidden = d // h, config.mlp_ratio * d
+    std = 0.02
+    out_std = std / math.sqrt(2 * config.num_layers)
+    f32 = np.float32
+    return {
+        "ln1_scale": np.ones((d,), f32),
+        "ln1_bias": np.zeros((d,), f32),
+        "w_q": normal(rng, (d, h, dh), std),
+        "w_k": normal(rng, (d, h, dh), std),
+        "w_v": normal(rng, (d, h, dh), std),
+        "b_q": np.zeros((h, dh), f32),
+        "b_k": np.zeros((h, dh), f32),
+        "b_v": np.zeros((h, dh), f32),
+        "w_o": normal(rng, (h, dh, d), out_std),
+        "b_o": np.zeros((d,), f32),
+        "ln2_scale": np.ones((d,), f32),
+        "ln2_bias": np.zeros((d,), f32),
+        "w_fc": normal(rng, (d, hidden), std),
+        "b_fc": np.zeros((hidden,), f32),
+        "w_proj": normal(rng, (hidden, d), out_std),
+        "b_proj": np.zeros((d,), f32),
+    }
+
+
+def init(config: GPTConfig, key: jax.Array) -> tuple[Params, Batch]:
+    """Creates parameters and a batch of random token sequences.
+
+    Args:
+        config: Model sizes.
+        key: PRNG key; the same key always gives the same arrays.
+
+    Returns:
+        ``(params, batch)``: ``params`` has ``wte`` ``(vocab, d_model)``, ``wpe``
+        ``(seq_len, d_model)``, ``layers`` (one dict per block), ``ln_f_scale``,
+        ``ln_f_bias`` and, if untied, ``unembed`` ``(d_model, vocab)``; ``batch`` has
+        int32 ``tokens`` and ``targets`` of shape ``(batch, seq_len)``, where
+        ``targets[:, t] == tokens[:, t + 1]`` for ``t < seq_len - 1``.
+    """
+    if config.d_model % config.num_heads:
+        raise ValueError(f"d_model must be divisible by num_heads, got {config}")
+    rng = numpy_rng(key)
+    d = config.d_model
+    params: Params = {
+        "wte": normal(rng, (config.vocab, d), 0.02),
+        "wpe": normal(rng, (config.seq_len, d), 0.01),
+        "layers": [_block_init(rng, config) for _ in range(config.num_layers)],
+        "ln_f_scale": np.ones((d,), np.float32),
+        "ln_f_bias": np.zeros((d,), np.float32),
+    }
+    if not config.tie_embeddings:
+        params["unembed"] = normal(rng, (d, config.vocab), 0.02)
+    seq = rng.integers(0, config.vocab, (config.batch, config.seq_len + 1), dtype=np.int32)
+    return to_jax((params, {"tokens": seq[:, :-1], "targets": seq[:, 1:]}))
+
+
+def block(layer_params: Params, x: jax.Array) -> jax.Array:
+    """One pre-LN transformer block with causal multi-head self-attention.
+
+    Args:
+        layer_params: One entry of ``params["layers"]``.
+        x: Residual stream of shape ``(batch, seq, d_model)``.
+
+    Returns:
+        The updated residual stream, same shape as ``x``.
+    """
+    p = layer_params
+    seq = x.shape[1]
+    head_dim = p["w_q"].shape[-1]
+    h = _layer_norm(x, p["ln1_scale"], p["ln1_bias"])
+    q = jnp.einsum("bsd,dhe->bhse", h, p["w_q"]) + p["b_q"][:, None, :]
+    k = jnp.einsum("bsd,dhe->bhse", h, p["w_k"]) + p["b_k"][:, None, :]
+    v = jnp.einsum("bsd,dhe->bhse", h, p["w_v"]) + p["b_v"][:, None, :]
+    scores = jnp.einsum("bhqe,bhke->bhqk", q, k) / math.sqrt(head_dim)
+    causal = jnp.tril(jnp.ones((seq, seq), dtype=bool))
+    scores = jnp.where(causal, scores, jnp.finfo(scores.dtype).min)
+    probs = jax.nn.softmax(scores, axis=-1)
+    attn = jnp.einsum("bhqk,bhke->bqhe", probs, v)
+    x = x + jnp.einsum("bqhe,hed->bqd", attn, p["w_o"]) + p["b_o"]
+    h = _layer_norm(x, p["ln2_scale"], p["ln2_bias"])
+    h = jax.nn.gelu(h @ p["w_fc"] + p["b_fc"])
+    return x + h @ p["w_proj"] + p["b_proj"]
+
+
+def loss(
+    params: Params,
+    batch: Batch,
+    *,
+    layer_wrapper: Callable[[LayerFn], LayerFn] | None = None,
+) -> jax.Array:
+    """Mean next-token cross-entropy of the decoder on ``batch["targets"]``.
+
+    Args:
+        params: As returned by :func:`init`.
+        batch: As returned by :func:`init`; ``tokens`` may be shorter than the
+            ``wpe`` table, not longer.
+        layer_wrapper: Applied to :func:`block` once per block before calling it;
+            ``None`` means no wrapping.
+
+    Returns:
+        Scalar float32 loss.
+    """
+    wrap = layer_wrapper if layer_wrapper is not None else (lambda f: f)
+    tokens = batch["tokens"]
+    seq = tokens.shape[1]
+    h = jnp.take(params["wte"], tokens, axis=0) + params["wpe"][:seq]
+    for layer_params in params["layers"]:
+        h = wrap(block)(layer_params, h)
+    h = _layer_norm(h, params["ln_f_scale"], params["ln_f_bias"])
+    unembed = params["unembed"] if "unembed" in params else params["wte"].T
+    logp = jax.nn.log_softmax(h @ unembed, axis=-1)
+    picked = jnp.take_along_axis(logp, batch["targets"][..., None], axis=-1)
+    return -jnp.mean(picked)
+
+
+def num_layers(config: GPTConfig) -> int:
+    """Number of wrapped layers (transformer blocks) of a model.
+
+    Args:
+        config: Model sizes.
+
+    Returns:
+        ``config.num_layers``.
+    """
+    return config.num_layers
+
+
+def attention_score_bytes(config: GPTConfig) -> int:
+    """Bytes of one block's float32 attention-score tensor.
+
+    Args:
+        config: Model sizes.
+
+    Returns:
+        ``batch * num_heads * seq_len**2 * 4``.
+    """
+    return config.batch * config.num_heads * config.seq_len**2 * 4
+
+
+SPEC = ModelSpec(
+    name="gpt",
+    config_type=GPTConfig,
+    default_config=GPTConfig(),
+    init=init,
+    loss=loss,
+    num_layers=num_layers,
+)
