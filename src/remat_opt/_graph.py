@@ -99,7 +99,6 @@ class ProgramGraph:
     node_shape: tuple[tuple[int, ...], ...]
     node_dtype: tuple[str, ...]
     fused: tuple[bool, ...] = ()
-    named_copy: tuple[bool, ...] = ()
 
     @property
     def num_nodes(self) -> int:

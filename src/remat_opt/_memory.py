@@ -78,6 +78,21 @@ def materialized(graph: ProgramGraph, node: int) -> bool:
     return graph.residual[node] and not (graph.fused and graph.fused[node])
 
 
+def kept_buffers(graph: ProgramGraph) -> frozenset[int]:
+    """Buffers that some materialized value is laid over."""
+    return frozenset(graph.buffer[v] for v in range(graph.num_nodes) if materialized(graph, v))
+
+
+def remat_bytes(graph: ProgramGraph, unit: int, kept: frozenset[int]) -> int:
+    """Bytes a recomputed unit adds to its segment's backward.
+
+    A recomputation writes a new buffer (the stored copy, if any, is another
+    one); aliases of it (``name``, reshapes) write none. The buffer counts when
+    any value laid over it is materialized (``kept``, from :func:`kept_buffers`).
+    """
+    return sum(graph.node_bytes[v] for v in graph.units[unit].outputs if graph.buffer[v] == v and v in kept)
+
+
 def boundary_cotangent_bytes(graph: ProgramGraph, cut: int) -> int:
     """Cotangent bytes live across the boundary before position ``cut``."""
     return graph.crossing_bytes(cut) if cut < graph.num_positions else 0
@@ -111,15 +126,6 @@ def simulate(graph: ProgramGraph, schedule: Schedule) -> Simulation:
             recomputed.add(u)
             stack.extend(graph.node_unit[w] for w in units[u].inputs if w not in available)
 
-    # The last segment's backward is seeded by the constant cotangent 1.0 of the
-    # loss: XLA folds its fence, CSE merges its recomputation into the forward,
-    # and it runs as the plain program does. Its inputs are then stored only
-    # when they are residuals XLA keeps; its recomputed residuals are simply the
-    # plain program's (counted at that segment alone, since its backward runs first).
-    last = num_segments - 1
-    if not schedule.plain and num_segments > 1:
-        crossing = {v: p for v, p in crossing.items() if seg_of[p] != last or materialized(graph, v)}
-
     # A saved name is stored only if the backward reads it (JAX saves residuals only).
     live_from = dict(crossing)
     if schedule.plain:
@@ -135,17 +141,13 @@ def simulate(graph: ProgramGraph, schedule: Schedule) -> Simulation:
         return sum(graph.node_bytes[b] for b in {graph.buffer[v] for v in nodes} if b >= 0)
 
     base = graph.input_bytes + graph.output_bytes
+    kept = kept_buffers(graph)
     seg_end = [max(p for p in range(graph.num_positions) if seg_of[p] == j) for j in range(num_segments)]
     peaks = []
     for j in range(num_segments):
         stored_nodes = [v for v, p in live_from.items() if p <= seg_end[j]]
         stored = buffer_bytes(stored_nodes)
-        stored_buffers = {graph.buffer[v] for v in stored_nodes}
-        rematerialized = buffer_bytes(
-            v
-            for u in recomputed if seg_of[units[u].position] == j
-            for v in units[u].outputs if materialized(graph, v) and graph.buffer[v] not in stored_buffers
-        )
+        rematerialized = sum(remat_bytes(graph, u, kept) for u in recomputed if seg_of[units[u].position] == j)
         transient = max((transient_bytes(graph, u.index) for u in units if seg_of[u.position] == j), default=0)
         peaks.append(base + stored + rematerialized + transient + boundary_cotangent_bytes(graph, seg_end[j] + 1))
     return Simulation(

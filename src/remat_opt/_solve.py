@@ -33,7 +33,7 @@ from ortools.sat.python import cp_model
 
 from ._errors import InfeasibleBudgetError
 from ._graph import ProgramGraph, primal_units
-from ._memory import Schedule, boundary_cotangent_bytes, materialized, simulate, transient_bytes
+from ._memory import Schedule, boundary_cotangent_bytes, kept_buffers, remat_bytes, simulate, transient_bytes
 
 
 @dataclass(frozen=True)
@@ -50,8 +50,8 @@ class SolverOptions:
             with the fewest bytes crossing them are kept.
     """
 
-    time_limit_s: float = 60.0
-    deterministic_time_limit: float = 30.0
+    time_limit_s: float = 30.0
+    deterministic_time_limit: float = 10.0
     num_workers: int = 8
     seed: int = 0
     max_cut_candidates: int = 48
@@ -145,12 +145,10 @@ class _Encoding:
         for u in units:
             by_pos[u.position].append(u.index)
         big = sum(g.node_bytes) + 1
+        kept = kept_buffers(g)
         self.acc, self.tmax = [], []
         for p in range(n):
-            local = sum(
-                self.rc[u] * sum(g.node_bytes[v] for v in units[u].outputs if materialized(g, v))
-                for u in by_pos[p]
-            )
+            local = sum(self.rc[u] * remat_bytes(g, u, kept) for u in by_pos[p])
             t_here = max((transient_bytes(g, u) for u in by_pos[p]), default=0)
             acc = m.NewIntVar(0, big, f"acc{p}")
             tmax = m.NewIntVar(0, big, f"tmax{p}")

@@ -1,0 +1,146 @@
+"""The whole pipeline, judged by XLA and by plain jax.grad."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import remat_opt
+from remat_opt import InfeasibleBudgetError, peak_bytes
+
+
+
+def max_abs_diff(a, b):
+    pairs = zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b))
+    return max(float(jnp.max(jnp.abs(x - y))) for x, y in pairs)
+
+# Predicted against measured peak: the model is conservative on fenced plans;
+# this bound is what the model reaches today (see README, "Fidelity").
+FIDELITY = 0.15
+
+
+@pytest.fixture(scope="module")
+def gpt_plans(small_gpt):
+    loss, params, batch = small_gpt
+    plain = peak_bytes(loss, params, batch)
+    plans = {}
+    for frac in (0.8, 0.65, 0.5):
+        step = remat_opt.optimize(loss, int(plain * frac))
+        plans[frac] = (step, step.plan(params, batch))
+    return plain, plans
+
+
+def test_budgets_met_on_xla_with_exact_gradients(small_gpt, gpt_plans):
+    loss, params, batch = small_gpt
+    plain, plans = gpt_plans
+    reference = jax.grad(loss)(params, batch)
+    for frac, (step, plan) in plans.items():
+        assert plan.measured_peak_bytes <= plan.budget_bytes < plain
+        # The figure on the plan is what a user measures independently.
+        assert peak_bytes(step, params, batch) == plan.measured_peak_bytes
+        value, grads = jax.jit(jax.value_and_grad(step))(params, batch)
+        np.testing.assert_allclose(value, loss(params, batch), rtol=1e-5, atol=1e-6)
+        for g, r in zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(reference)):
+            np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-6)
+
+
+def test_predicted_peak_close_to_measured(gpt_plans):
+    _, plans = gpt_plans
+    for plan in (p for _, p in plans.values()):
+        error = abs(plan.predicted_peak_bytes - plan.measured_peak_bytes) / plan.measured_peak_bytes
+        assert error <= FIDELITY, str(plan)
+
+
+def test_recompute_flops_match_rewritten_jaxpr(gpt_plans):
+    _, plans = gpt_plans
+    for plan in (p for _, p in plans.values()):
+        assert plan.recompute_flops > 0
+        assert abs(plan.recompute_flops - plan.measured_recompute_flops) <= 0.01 * plan.baseline_flops, str(plan)
+
+
+def test_tighter_budget_never_recomputes_less(gpt_plans):
+    _, plans = gpt_plans
+    flops = [plans[f][1].recompute_flops for f in sorted(plans, reverse=True)]
+    assert flops == sorted(flops)
+
+
+def test_plan_graph_carries_decisions(gpt_plans):
+    _, plans = gpt_plans
+    graph = plans[0.5][1].graph
+    decisions = {d for _, d in graph.nodes(data="decision")}
+    assert {"save", "recompute"} <= decisions
+    for _, data in graph.nodes(data=True):
+        assert data["bytes"] == int(np.prod(data["shape"])) * np.dtype(data["dtype"]).itemsize
+        assert {"primitive", "flops", "segment", "source"} <= set(data)
+    assert "predicted peak" in str(plans[0.5][1])
+
+
+def test_budget_above_plain_peak_changes_nothing(small_mlp):
+    fn, params, x = small_mlp
+    plain = peak_bytes(fn, params, x)
+    step = remat_opt.optimize(fn, plain)
+    plan = step.plan(params, x)
+    assert plan.status == "PLAIN" and plan.recompute_flops == 0
+    assert plan.measured_peak_bytes == plain
+    assert max_abs_diff(jax.grad(step)(params, x), jax.grad(fn)(params, x)) == 0.0
+
+
+def test_mlp_budget_between_min_and_plain(small_mlp):
+    fn, params, x = small_mlp
+    plain = peak_bytes(fn, params, x)
+    step = remat_opt.optimize(fn, int(plain * 0.7))
+    plan = step.plan(params, x)
+    assert plan.measured_peak_bytes <= plan.budget_bytes
+    assert max_abs_diff(jax.grad(step)(params, x), jax.grad(fn)(params, x)) < 1e-6
+
+
+def test_infeasible_budget_names_a_feasible_one(small_mlp):
+    fn, params, x = small_mlp
+    step = remat_opt.optimize(fn, 1024)
+    with pytest.raises(InfeasibleBudgetError) as info:
+        step.plan(params, x)
+    feasible = info.value.min_budget_bytes
+    assert feasible > 1024 and "budget_bytes" in str(info.value)
+    plan = remat_opt.optimize(fn, feasible).plan(params, x)
+    assert plan.measured_peak_bytes <= feasible
+
+
+def test_same_inputs_same_plan(small_mlp):
+    fn, params, x = small_mlp
+    budget = int(peak_bytes(fn, params, x) * 0.7)
+    a = remat_opt.optimize(fn, budget).plan(params, x)
+    b = remat_opt.optimize(fn, budget).plan(params, x)
+    assert a.schedule == b.schedule and a.measured_peak_bytes == b.measured_peak_bytes
+
+
+def test_plan_is_cached_per_signature(small_mlp):
+    fn, params, x = small_mlp
+    step = remat_opt.optimize(fn, "1GiB")
+    assert step.plan(params, x) is step.plan(params, x)
+    assert step.plan(params, x[:128]) is not step.plan(params, x)
+
+
+@pytest.mark.parametrize(
+    "fn, budget, argnums, error",
+    [
+        (42, "1GiB", 0, TypeError),
+        (jnp.sum, 0, 0, ValueError),
+        (jnp.sum, -5, 0, ValueError),
+        (jnp.sum, float("nan"), 0, ValueError),
+        (jnp.sum, True, 0, TypeError),
+        (jnp.sum, "lots", 0, ValueError),
+        (jnp.sum, "1GiB", "0", TypeError),
+    ],
+)
+def test_bad_arguments_raise_typed_errors(fn, budget, argnums, error):
+    with pytest.raises(error) as info:
+        remat_opt.optimize(fn, budget, argnums=argnums)
+    assert any(word in str(info.value) for word in ("fn", "budget_bytes", "argnums"))
+
+
+def test_bad_call_arguments_raise_typed_errors(small_mlp):
+    fn, params, x = small_mlp
+    with pytest.raises(ValueError, match="argnums"):
+        remat_opt.optimize(fn, "1GiB", argnums=5).plan(params, x)
+    with pytest.raises(TypeError, match="not an array"):
+        remat_opt.optimize(fn, "1GiB").plan(params, "not an array")
