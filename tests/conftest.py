@@ -17,7 +17,7 @@ def tanh_mlp(params, x):
 def small_mlp():
     key = jax.random.PRNGKey(0)
     params = [jax.random.normal(jax.random.fold_in(key, i), (64, 64)) / 8 for i in range(6)]
-    x = jax.random.normal(key, (256, 64))
+    x = jax.random.normal(key, (1024, 64))
     return tanh_mlp, params, x
 
 

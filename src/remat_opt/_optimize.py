@@ -136,33 +136,50 @@ class OptimizedFunction:
                               "PLAIN", 0.0, 0.0, 0)
             return plan, self.fn
 
-        target, solve_seconds = budget, 0.0
+        target, solve_seconds, bound = budget, 0.0, 0.0
         for attempt in range(1, self.max_attempts + 1):
             try:
                 solution = solve(graph, target, self.solver_options)
             except InfeasibleBudgetError:
-                raise self._infeasible(graph, measure, attempt) from None
+                if attempt == 1:
+                    raise self._infeasible(graph, measure) from None
+                # The model found nothing under the tightened target; the
+                # lowest-memory schedule may still fit XLA's budget.
+                schedule = min_peak_schedule(graph, self.solver_options)
+                program = apply_schedule(self.fn, graph, schedule)
+                measured = measure(program)
+                if measured > budget:
+                    raise self._infeasible(graph, measure) from None
+                sim = simulate(graph, schedule)
+                gap = max(0.0, (sim.recompute_flops - bound) / sim.recompute_flops) if sim.recompute_flops else 0.0
+                return self._finish(graph, sim, schedule, measured, plain_peak, program, args, kwargs, nums,
+                                    baseline_flops, "FEASIBLE", gap, solve_seconds, attempt)
             solve_seconds += solution.solve_seconds
+            bound = bound or solution.bound_flops
             program = apply_schedule(self.fn, graph, solution.schedule)
             measured = measure(program)
             if measured <= budget:
                 sim = simulate(graph, solution.schedule)
-                measured_flops = gradient_flops(program, args, kwargs, nums, self.cost_model) - baseline_flops
-                plan = self._plan(graph, sim, solution.schedule, measured, plain_peak, measured_flops,
-                                  baseline_flops, solution.status, solution.gap, solve_seconds, attempt)
-                return plan, program
+                return self._finish(graph, sim, solution.schedule, measured, plain_peak, program, args, kwargs,
+                                    nums, baseline_flops, solution.status, solution.gap, solve_seconds, attempt)
             target -= measured - budget
         raise PlanVerificationError(budget, measured, attempts=self.max_attempts,
                                     detail="The memory model underestimates XLA on this program.")
 
-    def _infeasible(self, graph: ProgramGraph, measure: Callable, attempt: int) -> InfeasibleBudgetError:
+    def _finish(self, graph: ProgramGraph, sim: Simulation, schedule: Schedule, measured: int, plain_peak: int,
+                program: Callable[..., Any], args: tuple, kwargs: dict, nums: Any, baseline_flops: int,
+                status: str, gap: float, solve_seconds: float, attempts: int) -> tuple[Plan, Callable[..., Any]]:
+        measured_flops = gradient_flops(program, args, kwargs, nums, self.cost_model) - baseline_flops
+        plan = self._plan(graph, sim, schedule, measured, plain_peak, measured_flops, baseline_flops,
+                          status, gap, solve_seconds, attempts)
+        return plan, program
+
+    def _infeasible(self, graph: ProgramGraph, measure: Callable) -> InfeasibleBudgetError:
         """The error for a budget below reach, with a budget that XLA confirms."""
         schedule = min_peak_schedule(graph, self.solver_options)
         predicted = simulate(graph, schedule).peak_bytes
         measured = measure(apply_schedule(self.fn, graph, schedule))
         detail = f"(XLA measured {measured:,} bytes for the lowest-memory plan; the model predicted {predicted:,}.)"
-        if attempt > 1:
-            detail += " The budget was tightened after XLA measured an earlier plan over it."
         return InfeasibleBudgetError(self.budget_bytes, max(measured, predicted), detail=detail)
 
     def _plan(self, graph: ProgramGraph, sim: Simulation, schedule: Schedule, measured: int,
