@@ -19,8 +19,11 @@ import jax
 from ._cost import CostModel, jaxpr_flops
 
 
-def _abstract(tree: Any) -> Any:
-    return jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(jax.numpy.shape(x), x.dtype), tree)
+def abstract(tree: Any) -> Any:
+    """``tree`` with every leaf replaced by its ``jax.ShapeDtypeStruct``."""
+    return jax.tree_util.tree_map(
+        lambda x: jax.ShapeDtypeStruct(jax.numpy.shape(x), jax.numpy.result_type(x)), tree
+    )
 
 
 def peak_bytes(fn: Callable[..., Any], *args: Any, argnums: int | Sequence[int] = 0, **kwargs: Any) -> int:
@@ -41,7 +44,7 @@ def peak_bytes(fn: Callable[..., Any], *args: Any, argnums: int | Sequence[int] 
         True
     """
     step = jax.jit(jax.value_and_grad(fn, argnums=argnums))
-    compiled = step.lower(*_abstract(args), **_abstract(kwargs)).compile()
+    compiled = step.lower(*abstract(args), **abstract(kwargs)).compile()
     return memory_of(compiled)
 
 
@@ -61,5 +64,5 @@ def gradient_flops(
     cost_model: CostModel | None = None,
 ) -> int:
     """FLOPs of the jaxpr of ``jax.value_and_grad(fn)``: forward, recomputation and backward."""
-    jaxpr = jax.make_jaxpr(jax.value_and_grad(fn, argnums=argnums))(*_abstract(tuple(args)), **_abstract(kwargs))
+    jaxpr = jax.make_jaxpr(jax.value_and_grad(fn, argnums=argnums))(*abstract(tuple(args)), **abstract(kwargs))
     return jaxpr_flops(jaxpr, cost_model)

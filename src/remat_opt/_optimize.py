@@ -22,7 +22,7 @@ from ._budget import parse_bytes
 from ._cost import CostModel
 from ._errors import InfeasibleBudgetError, PlanVerificationError
 from ._graph import ProgramGraph, build_graph
-from ._measure import gradient_flops, peak_bytes
+from ._measure import abstract, gradient_flops, peak_bytes
 from ._memory import Schedule, Simulation, simulate
 from ._plan import Plan
 from ._rewrite import rewrite
@@ -39,10 +39,6 @@ class _Signature:
 def _signature(args: tuple, kwargs: dict) -> _Signature:
     leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
     return _Signature(tree, tuple((tuple(jax.numpy.shape(x)), str(jax.numpy.result_type(x))) for x in leaves))
-
-
-def _abstract(tree: Any) -> Any:
-    return jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(jax.numpy.shape(x), jax.numpy.result_type(x)), tree)
 
 
 def apply_schedule(fn: Callable[..., Any], graph: ProgramGraph, schedule: Schedule) -> Callable[..., Any]:
@@ -115,7 +111,7 @@ class OptimizedFunction:
     def _planned(self, args: tuple, kwargs: dict) -> tuple[Plan, Callable[..., Any]]:
         key = _signature(args, kwargs)
         if key not in self._cache:
-            self._cache[key] = self._make_plan(_abstract(args), _abstract(kwargs))
+            self._cache[key] = self._make_plan(abstract(args), abstract(kwargs))
         return self._cache[key]
 
     def _make_plan(self, args: tuple, kwargs: dict) -> tuple[Plan, Callable[..., Any]]:
