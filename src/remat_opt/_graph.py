@@ -16,6 +16,7 @@ segment boundary) or recomputed from values that are.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,7 +83,13 @@ class ProgramGraph:
         num_positions: number of primal equations.
         input_bytes: bytes of all program inputs (arguments and constants).
         output_bytes: bytes of the primal outputs plus the gradients.
-        graph: the networkx view (one node per value).
+        node_shape: shape per node id.
+        node_dtype: dtype name per node id.
+        fused: per node id, a residual XLA fuses into its backward readers.
+        crossing: per position ``c``, bytes of values defined before ``c`` and
+            read at or after it.
+        primal: the units whose recomputation costs extra FLOPs
+            (see :func:`primal_units`).
     """
 
     traced: TracedProgram
@@ -99,6 +106,8 @@ class ProgramGraph:
     node_shape: tuple[tuple[int, ...], ...]
     node_dtype: tuple[str, ...]
     fused: tuple[bool, ...] = ()
+    crossing: tuple[int, ...] = ()
+    primal: frozenset[int] = frozenset()
 
     @property
     def num_nodes(self) -> int:
@@ -109,11 +118,7 @@ class ProgramGraph:
 
     def crossing_bytes(self, cut: int) -> int:
         """Bytes of values defined before position ``cut`` and read at or after it."""
-        total = 0
-        for v, users in enumerate(self.consumers):
-            if self.position_of(v) < cut and any(self.units[u].position >= cut for u in users):
-                total += self.node_bytes[v]
-        return total
+        return self.crossing[cut] if 0 <= cut < len(self.crossing) else 0
 
     def nx_graph(self) -> nx.DiGraph:
         """One node per value; edges from each input value to the values computed from it."""
@@ -257,7 +262,7 @@ def build_graph(traced: TracedProgram, cost_model: CostModel | None = None) -> P
         if isinstance(v, core.Var) and v in node_of:
             is_output[node_of[v]] = True
     fused = _fused_residuals(units, node_unit, residual, buffer, consumers)
-    return ProgramGraph(
+    graph = ProgramGraph(
         traced=traced,
         units=tuple(units),
         node_bytes=tuple(node_bytes),
@@ -272,7 +277,27 @@ def build_graph(traced: TracedProgram, cost_model: CostModel | None = None) -> P
         node_shape=tuple(shapes),
         node_dtype=tuple(dtypes),
         fused=fused,
+        crossing=_crossing_profile(units, node_unit, node_bytes, consumers, len(closed.jaxpr.eqns)),
     )
+    return dataclasses.replace(graph, primal=primal_units(graph))
+
+
+def _crossing_profile(
+    units: list[Unit], node_unit: list[int], node_bytes: list[int], consumers: list[list[int]], n: int
+) -> tuple[int, ...]:
+    """Bytes crossing each position, in one sweep: a value crosses (its position, last reader]."""
+    delta = [0] * (n + 1)
+    for v, readers in enumerate(consumers):
+        p = units[node_unit[v]].position
+        last = max((units[u].position for u in readers), default=p)
+        if last > p:
+            delta[p + 1] += node_bytes[v]
+            delta[last + 1] -= node_bytes[v]
+    profile, running = [], 0
+    for c in range(n):
+        running += delta[c]
+        profile.append(running)
+    return tuple(profile)
 
 
 def _cse_key(eqn: core.JaxprEqn, node_of: dict, buffer: list[int]) -> tuple | None:

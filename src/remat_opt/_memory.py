@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ._graph import ProgramGraph, primal_units
+from ._graph import ProgramGraph
 
 
 @dataclass(frozen=True)
@@ -152,7 +152,7 @@ def simulate(graph: ProgramGraph, schedule: Schedule) -> Simulation:
         peaks.append(base + stored + rematerialized + transient + boundary_cotangent_bytes(graph, seg_end[j] + 1))
     return Simulation(
         peak_bytes=max(peaks),
-        recompute_flops=sum(units[u].flops for u in recomputed & primal_units(graph)),
+        recompute_flops=sum(units[u].flops for u in recomputed & graph.primal),
         recomputed_units=frozenset(recomputed),
         stored_nodes=frozenset(live_from),
         segment_peaks=tuple(peaks),

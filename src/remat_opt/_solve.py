@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from ortools.sat.python import cp_model
 
 from ._errors import InfeasibleBudgetError
-from ._graph import ProgramGraph, primal_units
+from ._graph import ProgramGraph
 from ._memory import Schedule, boundary_cotangent_bytes, kept_buffers, remat_bytes, simulate, transient_bytes
 
 
@@ -169,7 +169,7 @@ class _Encoding:
             expr = base + stored + self.acc[e] + self.tmax[e] + boundary_cotangent_bytes(g, e + 1)
             enforce = [self.cut[e + 1]] if e + 1 in self.cut else []
             self.ends.append((e, expr, enforce))
-        self.flops = sum(self.rc[u] * units[u].flops for u in primal_units(g))
+        self.flops = sum(self.rc[u] * units[u].flops for u in g.primal)
 
     def _stored_at(self, e: int) -> cp_model.LinearExpr:
         """Bytes of distinct stored buffers live at the end position ``e``."""
