@@ -145,7 +145,7 @@ class OptimizedFunction:
                 program = apply_schedule(self.fn, graph, schedule)
                 measured = measure(program)
                 if measured > budget:
-                    raise self._infeasible(graph, measure) from None
+                    raise self._infeasible(graph, measure, (schedule, measured)) from None
                 sim = simulate(graph, schedule)
                 gap = max(0.0, (sim.recompute_flops - bound) / sim.recompute_flops) if sim.recompute_flops else 0.0
                 return self._finish(graph, sim, schedule, measured, plain_peak, program, args, kwargs, nums,
@@ -170,11 +170,19 @@ class OptimizedFunction:
                           status, gap, solve_seconds, attempts)
         return plan, program
 
-    def _infeasible(self, graph: ProgramGraph, measure: Callable) -> InfeasibleBudgetError:
-        """The error for a budget below reach, with a budget that XLA confirms."""
-        schedule = min_peak_schedule(graph, self.solver_options)
+    def _infeasible(
+        self, graph: ProgramGraph, measure: Callable, lowest: tuple[Schedule, int] | None = None
+    ) -> InfeasibleBudgetError:
+        """The error for a budget below reach, with a budget that XLA confirms.
+
+        ``lowest`` is the lowest-memory schedule with its measured peak, when
+        the caller has it already.
+        """
+        if lowest is None:
+            schedule = min_peak_schedule(graph, self.solver_options)
+            lowest = schedule, measure(apply_schedule(self.fn, graph, schedule))
+        schedule, measured = lowest
         predicted = simulate(graph, schedule).peak_bytes
-        measured = measure(apply_schedule(self.fn, graph, schedule))
         detail = f"(XLA measured {measured:,} bytes for the lowest-memory plan; the model predicted {predicted:,}.)"
         return InfeasibleBudgetError(self.budget_bytes, max(measured, predicted), detail=detail)
 
