@@ -59,11 +59,17 @@ def test_recompute_flops_match_rewritten_jaxpr(gpt_plans):
         assert abs(plan.recompute_flops - plan.measured_recompute_flops) <= 0.01 * plan.baseline_flops, str(plan)
 
 
-def test_plan_graph_carries_decisions(gpt_plans):
+def test_plan_graph_carries_decisions(small_gpt, gpt_plans):
     _, plans = gpt_plans
     graph = plans[0.6][1].graph
     decisions = {d for _, d in graph.nodes(data="decision")}
-    assert {"save", "recompute"} <= decisions
+    assert {"input", "save", "recompute", "output"} <= decisions
+    _, params, batch = small_gpt
+    inputs = [v for v, d in graph.nodes(data="decision") if d == "input"]
+    assert len(inputs) == len(jax.tree_util.tree_leaves((params, batch)))
+    labels = {graph.nodes[v]["name"] for v in inputs}
+    assert "args[1]['tokens']" in labels and any(label.startswith("args[0]['layers'][0]") for label in labels)
+    assert all(graph.out_degree(v) > 0 for v in inputs if "tokens" in graph.nodes[v]["name"])
     for _, data in graph.nodes(data=True):
         assert data["bytes"] == int(np.prod(data["shape"])) * np.dtype(data["dtype"]).itemsize
         assert {"primitive", "flops", "segment", "source"} <= set(data)

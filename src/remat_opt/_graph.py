@@ -90,6 +90,9 @@ class ProgramGraph:
             read at or after it.
         primal: the units whose recomputation costs extra FLOPs
             (see :func:`primal_units`).
+        input_labels: per flat program input, its pytree path
+            (``"args[0]['w']"``).
+        input_readers: per flat program input, the units that read it.
     """
 
     traced: TracedProgram
@@ -108,6 +111,8 @@ class ProgramGraph:
     fused: tuple[bool, ...] = ()
     crossing: tuple[int, ...] = ()
     primal: frozenset[int] = frozenset()
+    input_labels: tuple[str, ...] = ()
+    input_readers: tuple[tuple[int, ...], ...] = ()
 
     @property
     def num_nodes(self) -> int:
@@ -120,9 +125,28 @@ class ProgramGraph:
         """Bytes of values defined before position ``cut`` and read at or after it."""
         return self.crossing[cut] if 0 <= cut < len(self.crossing) else 0
 
+    def input_node(self, k: int) -> int:
+        """The networkx node id of flat program input ``k`` (after the value nodes)."""
+        return self.num_nodes + k
+
     def nx_graph(self) -> nx.DiGraph:
-        """One node per value; edges from each input value to the values computed from it."""
+        """One node per value and per program input; edges from each value read to
+        the values computed from it. Program inputs have ``primitive="input"``."""
         g = nx.DiGraph()
+        in_avals = [v.aval for v in self.traced.jaxpr.jaxpr.invars]
+        for k, (label, aval) in enumerate(zip(self.input_labels, in_avals)):
+            g.add_node(
+                self.input_node(k),
+                primitive="input",
+                shape=tuple(getattr(aval, "shape", ())),
+                dtype=str(getattr(aval, "dtype", "")),
+                bytes=aval_bytes(aval),
+                flops=0,
+                position=-1,
+                name=label,
+                residual=False,
+                source="",
+            )
         for v in range(self.num_nodes):
             unit = self.units[self.node_unit[v]]
             g.add_node(
@@ -141,6 +165,10 @@ class ProgramGraph:
             for u in unit.inputs:
                 for w in unit.outputs:
                     g.add_edge(u, w)
+        for k, readers in enumerate(self.input_readers):
+            for unit in readers:
+                for w in self.units[unit].outputs:
+                    g.add_edge(self.input_node(k), w)
         return g
 
 
@@ -218,6 +246,9 @@ def build_graph(traced: TracedProgram, cost_model: CostModel | None = None) -> P
     buffer: list[int] = []
     position = 0
     cse: dict = {}  # XLA's CSE: an equation identical to an earlier one shares its buffer
+    flat_index = [k for k, d in enumerate(diff) if d] + [k for k, d in enumerate(diff) if not d]
+    input_of = {v: flat_index[j] for j, v in enumerate(kj.invars)}  # known input -> flat input
+    input_readers: list[set[int]] = [set() for _ in in_avals]
     for i, eqn in enumerate(kj.eqns):
         idx = eqn_index_of(eqn.source_info.name_stack)
         position = idx if idx is not None else position
@@ -245,6 +276,9 @@ def build_graph(traced: TracedProgram, cost_model: CostModel | None = None) -> P
             consumers.append([])
         for u in inputs:
             consumers[u].append(i)
+        for v in eqn.invars:
+            if isinstance(v, core.Var) and v in input_of:
+                input_readers[input_of[v]].add(i)
         name = eqn.params.get("name") if eqn.primitive.name == "name" else None
         units.append(
             Unit(i, position, eqn.primitive.name, inputs, tuple(outputs),
@@ -278,8 +312,21 @@ def build_graph(traced: TracedProgram, cost_model: CostModel | None = None) -> P
         node_dtype=tuple(dtypes),
         fused=fused,
         crossing=_crossing_profile(units, node_unit, node_bytes, consumers, len(closed.jaxpr.eqns)),
+        input_labels=input_labels(traced),
+        input_readers=tuple(tuple(sorted(r)) for r in input_readers),
     )
     return dataclasses.replace(graph, primal=primal_units(graph))
+
+
+def input_labels(traced: TracedProgram) -> tuple[str, ...]:
+    """Each flat input's place in the user's arguments: ``args[0]['w']``, ``kwargs['x']``."""
+    n = len(traced.jaxpr.jaxpr.invars)
+    paths, _ = jax.tree_util.tree_flatten_with_path(jax.tree_util.tree_unflatten(traced.in_tree, range(n)))
+    labels = []
+    for path, _ in paths:
+        head = "args" if getattr(path[0], "idx", 0) == 0 else "kwargs"
+        labels.append(head + jax.tree_util.keystr(tuple(path[1:])))
+    return tuple(labels)
 
 
 def _crossing_profile(

@@ -59,7 +59,7 @@ def apply_schedule(fn: Callable[..., Any], graph: ProgramGraph, schedule: Schedu
 def annotate(graph: ProgramGraph, sim: Simulation) -> nx.DiGraph:
     """The plan's networkx graph: the program graph with each value's decision."""
     g = graph.nx_graph()
-    for v in g.nodes:
+    for v in range(graph.num_nodes):
         unit = graph.node_unit[v]
         if graph.is_output[v]:
             decision = "output"
@@ -71,6 +71,8 @@ def annotate(graph: ProgramGraph, sim: Simulation) -> nx.DiGraph:
             decision = "free"
         g.nodes[v]["decision"] = decision
         g.nodes[v]["segment"] = sim.segment_of_position[graph.units[unit].position]
+    for k in range(len(graph.input_labels)):
+        g.nodes[graph.input_node(k)].update(decision="input", segment=None)
     return g
 
 
