@@ -12,7 +12,6 @@ from remat_opt._errors import (
     InfeasibleBudgetError,
     InvalidBudgetError,
     InvalidBudgetTypeError,
-    PlanVerificationError,
     RematOptError,
     UnsupportedProgramError,
 )
@@ -185,11 +184,6 @@ def test_other_errors() -> None:
         "remat_opt cannot plan through primitive 'while' (at model.py:12 (step)). "
         "Unroll the loop."
     )
-    verification = PlanVerificationError(2**20, 3 * 2**20, attempts=3)
-    assert isinstance(verification, RuntimeError)
-    assert verification.measured_peak_bytes == 3 * 2**20
-    assert "budget_bytes=1,048,576 (1.00 MiB)" in str(verification)
-    assert "after 3 attempts" in str(verification)
 
 
 @pytest.mark.parametrize(
@@ -197,7 +191,6 @@ def test_other_errors() -> None:
     [
         InfeasibleBudgetError(10, 20, "x"),
         UnsupportedProgramError("cond", None, "hint"),
-        PlanVerificationError(10, 20, attempts=2, detail="d"),
         InvalidBudgetError("m", argument="budget_bytes", value="5 K"),
         InvalidBudgetTypeError("m", argument="budget_bytes", value=None),
     ],

@@ -13,7 +13,6 @@ from ._cost import FlopCostModel as FlopCostModel
 from ._errors import InfeasibleBudgetError as InfeasibleBudgetError
 from ._errors import InvalidBudgetError as InvalidBudgetError
 from ._errors import InvalidBudgetTypeError as InvalidBudgetTypeError
-from ._errors import PlanVerificationError as PlanVerificationError
 from ._errors import RematOptError as RematOptError
 from ._errors import UnsupportedProgramError as UnsupportedProgramError
 from ._measure import peak_bytes as peak_bytes
@@ -31,7 +30,6 @@ __all__ = [
     "InvalidBudgetTypeError",
     "OptimizedFunction",
     "Plan",
-    "PlanVerificationError",
     "RematOptError",
     "Schedule",
     "SolverOptions",

@@ -22,7 +22,6 @@ __all__ = [
     "InfeasibleBudgetError",
     "InvalidBudgetError",
     "InvalidBudgetTypeError",
-    "PlanVerificationError",
     "RematOptError",
     "UnsupportedProgramError",
 ]
@@ -139,47 +138,3 @@ class UnsupportedProgramError(RematOptError, NotImplementedError):
 
     def __reduce__(self):  # noqa: D105
         return (type(self), (self.primitive, self.source, self.hint))
-
-
-class PlanVerificationError(RematOptError, RuntimeError):
-    """XLA measured the checkpointed program over budget, even after retries.
-
-    Args:
-        budget_bytes: The budget the plan was solved for.
-        measured_peak_bytes: The peak XLA reported for the last compiled attempt.
-        attempts: How many plan/compile rounds were tried.
-        detail: Optional extra sentence(s) appended to the message.
-
-    Attributes:
-        budget_bytes: As passed.
-        measured_peak_bytes: As passed.
-        attempts: As passed.
-        detail: As passed.
-    """
-
-    def __init__(
-        self,
-        budget_bytes: int,
-        measured_peak_bytes: int,
-        *,
-        attempts: int = 1,
-        detail: str = "",
-    ) -> None:
-        self.budget_bytes = budget_bytes
-        self.measured_peak_bytes = measured_peak_bytes
-        self.attempts = attempts
-        self.detail = detail
-        plural = "attempt" if attempts == 1 else "attempts"
-        message = (
-            f"XLA measured a peak of {_describe_bytes(measured_peak_bytes)} for the "
-            f"checkpointed program, over budget_bytes={_describe_bytes(budget_bytes, unit='')} "
-            f"after {attempts} {plural}; pass a larger budget_bytes (at least "
-            f"{measured_peak_bytes}) or report the program to remat_opt."
-        )
-        super().__init__(_with_detail(message, detail))
-
-    def __reduce__(self):  # noqa: D105
-        return (
-            _rebuild_with_kwargs,
-            (type(self), self.args, self.__dict__),
-        )
