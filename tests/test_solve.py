@@ -28,9 +28,16 @@ def tiny_skip(ws, x):
     return jnp.sum((h2 + h1) ** 2)
 
 
+def tiny_transpose(ws, x):
+    h = jnp.tanh(x @ ws[0]).T + 1.0  # laid out transposed: a relayout copy when it crosses
+    h2 = jnp.tanh(ws[1] @ h)
+    return jnp.sum((h2 * h) ** 2)
+
+
 PROGRAMS = {
     "chain": (tiny_chain, [jnp.full((8, 8), 0.1) for _ in range(3)], jnp.ones((16, 8))),
     "skip": (tiny_skip, [jnp.full((8, 8), 0.1) for _ in range(2)], jnp.ones((16, 8))),
+    "transpose": (tiny_transpose, [jnp.full((8, 8), 0.1) for _ in range(2)], jnp.ones((16, 8))),
 }
 
 

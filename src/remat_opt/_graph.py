@@ -93,6 +93,8 @@ class ProgramGraph:
         input_labels: per flat program input, its pytree path
             (``"args[0]['w']"``).
         input_readers: per flat program input, the units that read it.
+        transposed: per node id, a value XLA stores in a transposed layout
+            (made by a ``transpose``, or by cheap elementwise work on one).
     """
 
     traced: TracedProgram
@@ -113,6 +115,7 @@ class ProgramGraph:
     primal: frozenset[int] = frozenset()
     input_labels: tuple[str, ...] = ()
     input_readers: tuple[tuple[int, ...], ...] = ()
+    transposed: tuple[bool, ...] = ()
 
     @property
     def num_nodes(self) -> int:
@@ -314,8 +317,24 @@ def build_graph(traced: TracedProgram, cost_model: CostModel | None = None) -> P
         crossing=_crossing_profile(units, node_unit, node_bytes, consumers, len(closed.jaxpr.eqns)),
         input_labels=input_labels(traced),
         input_readers=tuple(tuple(sorted(r)) for r in input_readers),
+        transposed=_transposed_layouts(units, node_unit, shapes),
     )
     return dataclasses.replace(graph, primal=primal_units(graph))
+
+
+def _transposed_layouts(
+    units: list[Unit], node_unit: list[int], shapes: list[tuple[int, ...]]
+) -> tuple[bool, ...]:
+    """Per node: XLA lays the value out transposed (it turns ``transpose`` into a
+    layout change, and elementwise work on such a value keeps that layout)."""
+    out = [False] * len(node_unit)
+    for unit in units:
+        for v in unit.outputs:
+            out[v] = unit.primitive == "transpose" or (
+                unit.primitive not in MATERIALIZING_CONSUMERS
+                and any(out[w] and shapes[w] == shapes[v] for w in unit.inputs)
+            )
+    return tuple(out)
 
 
 def input_labels(traced: TracedProgram) -> tuple[str, ...]:

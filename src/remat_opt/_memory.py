@@ -17,11 +17,20 @@ The peak during the backward of segment J is
                                             values whose first reader outside their
                                             own segment is in a segment <= J)
   + recomputed residuals of J
+  + relayout copies of J                   (stored values in a transposed layout that
+                                            J's backward reads: XLA copies each one
+                                            into row-major when the branch starts)
   + cotangents crossing J's end boundary
   + the largest transient of J             (one cotangent and one operand in flight)
 
 and the plan's peak is the largest over segments. A program without remat
 (``plain``) stores every residual and recomputes nothing.
+
+The last segment is always plain: its backward runs right after its forward,
+so recomputing it would hold the same residuals at the same moment and only
+cost FLOPs (and XLA:CPU merges such a recomputation back into the forward by
+CSE when it can). Its residuals are stored from where they are computed and
+count in its own peak only; the rewriter runs it unwrapped.
 """
 
 from __future__ import annotations
@@ -93,6 +102,29 @@ def remat_bytes(graph: ProgramGraph, unit: int, kept: frozenset[int]) -> int:
     return sum(graph.node_bytes[v] for v in graph.units[unit].outputs if graph.buffer[v] == v and v in kept)
 
 
+def relayout_bytes(graph: ProgramGraph, schedule: Schedule, seg_of: tuple[int, ...], segment: int) -> int:
+    """Bytes of the copies XLA makes at the start of a fenced segment's backward.
+
+    A stored value laid out transposed (:attr:`ProgramGraph.transposed`) enters
+    the backward's branch as an operand and is copied into the layout its
+    readers want, once per reading position: values saved by name in the
+    segment, and values crossing into it from earlier segments. The last
+    segment is not fenced and copies nothing.
+    """
+    if segment == max(seg_of, default=0) or not graph.transposed:
+        return 0
+    total = 0
+    for v in range(graph.num_nodes):
+        if not graph.transposed[v] or graph.is_output[v]:
+            continue
+        home = seg_of[graph.position_of(v)]
+        if v in schedule.saved and home == segment:
+            total += graph.node_bytes[v]
+        readers = {graph.units[u].position for u in graph.consumers[v]}
+        total += graph.node_bytes[v] * sum(1 for q in readers if seg_of[q] == segment > home)
+    return total
+
+
 def boundary_cotangent_bytes(graph: ProgramGraph, cut: int) -> int:
     """Cotangent bytes live across the boundary before position ``cut``."""
     return graph.crossing_bytes(cut) if cut < graph.num_positions else 0
@@ -114,10 +146,14 @@ def simulate(graph: ProgramGraph, schedule: Schedule) -> Simulation:
         if outside:
             crossing[v] = min(outside)
 
+    # The last segment is plain: its residuals are stored where they are computed.
+    last = num_segments - 1
+    tail = {v for v in range(graph.num_nodes) if graph.residual[v] and node_seg[v] == last}
+
     # Recompute closure: residuals not stored are recomputed, with what they read.
     recomputed: set[int] = set()
     if not schedule.plain:
-        available = set(crossing) | set(schedule.saved)
+        available = set(crossing) | set(schedule.saved) | tail
         stack = [graph.node_unit[v] for v in range(graph.num_nodes) if graph.residual[v] and v not in available]
         while stack:
             u = stack.pop()
@@ -135,6 +171,9 @@ def simulate(graph: ProgramGraph, schedule: Schedule) -> Simulation:
         for v in schedule.saved:
             if graph.residual[v] or v in read:
                 live_from[v] = graph.position_of(v)
+        for v in tail:
+            if materialized(graph, v) and not graph.is_output[v]:
+                live_from.setdefault(v, graph.position_of(v))
 
     def buffer_bytes(nodes: object) -> int:
         """Bytes of the distinct buffers behind ``nodes`` (aliases counted once)."""
@@ -148,6 +187,7 @@ def simulate(graph: ProgramGraph, schedule: Schedule) -> Simulation:
         stored_nodes = [v for v, p in live_from.items() if p <= seg_end[j]]
         stored = buffer_bytes(stored_nodes)
         rematerialized = sum(remat_bytes(graph, u, kept) for u in recomputed if seg_of[units[u].position] == j)
+        rematerialized += relayout_bytes(graph, schedule, seg_of, j)
         transient = max((transient_bytes(graph, u.index) for u in units if seg_of[u.position] == j), default=0)
         peaks.append(base + stored + rematerialized + transient + boundary_cotangent_bytes(graph, seg_end[j] + 1))
     return Simulation(

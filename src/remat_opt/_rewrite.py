@@ -1,9 +1,11 @@
 """Stage 5 — rewrite: the plan as a JAX program that XLA cannot undo.
 
-Each segment of the plan becomes ``jax.checkpoint`` with a name-based policy
-(``save_only_these_names`` — the kind ``jax_remat3`` honours), wrapped in a
-``jax.custom_vjp`` whose backward runs the segment's recompute-and-transpose
-inside a ``lax.cond`` on a predicate read from the incoming cotangent.
+Each segment of the plan but the last becomes ``jax.checkpoint`` with a
+name-based policy (``save_only_these_names`` — the kind ``jax_remat3``
+honours), wrapped in a ``jax.custom_vjp`` whose backward runs the segment's
+recompute-and-transpose inside a ``lax.cond`` on a predicate read from the
+incoming cotangent and the segment's output. The last segment runs as written
+(its backward follows its forward at once; see :mod:`remat_opt._memory`).
 
 Why the fence: on XLA:CPU a bare ``jax.checkpoint`` is undone — CSE merges the
 recomputation into the forward and the scheduler hoists it (FINDINGS §1, jax
@@ -41,16 +43,30 @@ class Segment:
     saved_names: tuple[str, ...]
 
 
-def _fence_predicate(cotangents: Any) -> jax.Array | None:
-    for leaf in jax.tree_util.tree_leaves(cotangents):
+def _first_inexact(tree: Any) -> jax.Array | None:
+    """The first element of the first floating leaf of ``tree``, if any."""
+    for leaf in jax.tree_util.tree_leaves(tree):
         if hasattr(leaf, "dtype") and jnp.issubdtype(leaf.dtype, jnp.inexact) and leaf.size:
-            first = jnp.ravel(leaf)[0]
-            return first == first  # false only for NaN; both branches agree anyway
+            return jnp.ravel(leaf)[0]
     return None
+
+
+def _fence_predicate(probes: Sequence[jax.Array | None]) -> jax.Array | None:
+    """``x == x`` over the probes: true unless one is NaN, and never a constant to XLA."""
+    pred = None
+    for x in probes:
+        if x is not None:
+            pred = (x == x) if pred is None else (pred & (x == x))
+    return pred
 
 
 def fenced_checkpoint(fn: Callable[..., Any], saved_names: Sequence[str]) -> Callable[..., Any]:
     """``jax.checkpoint(fn)`` whose backward runs only once its cotangent exists.
+
+    The predicate reads the incoming cotangent (so the backward cannot start
+    before it) and the segment's own output: the loss's cotangent is the
+    constant 1.0, and a predicate XLA can fold would let it inline the branch
+    and merge the recomputation back into the forward (CSE).
 
     Args:
         fn: function of arrays to checkpoint.
@@ -68,10 +84,12 @@ def fenced_checkpoint(fn: Callable[..., Any], saved_names: Sequence[str]) -> Cal
         return fn(*args)
 
     def fwd(*args: Any) -> tuple[Any, Any]:
-        return jax.vjp(remat, *args)
+        out, vjp_fn = jax.vjp(remat, *args)
+        return out, (vjp_fn, _first_inexact(out))
 
-    def bwd(vjp_fn: Any, cotangents: Any) -> Any:
-        pred = _fence_predicate(cotangents)
+    def bwd(res: Any, cotangents: Any) -> Any:
+        vjp_fn, out_probe = res
+        pred = _fence_predicate((_first_inexact(cotangents), out_probe))
         if pred is None:
             return vjp_fn(cotangents)
         return lax.cond(pred, vjp_fn, vjp_fn, cotangents)
@@ -113,15 +131,18 @@ def rewrite(graph: ProgramGraph, schedule: Schedule) -> Callable[..., list[Any]]
     jaxpr = closed.jaxpr
     segments = segments_of(graph, schedule)
 
-    def make_segment_fn(seg: Segment) -> Callable[..., Any]:
+    def segment_fn(seg: Segment) -> Callable[..., tuple[Any, ...]]:
         def run(*vals: Any) -> tuple[Any, ...]:
             env = dict(zip(seg.inputs, vals))
             eval_named(jaxpr, env, seg.start, seg.stop)
             return tuple(env[v] for v in seg.outputs)
 
-        return fenced_checkpoint(run, seg.saved_names)
+        return run
 
-    fns = [make_segment_fn(s) for s in segments]
+    # The last segment runs as written: its backward follows its forward at
+    # once, so recomputing it would only cost FLOPs (see _memory).
+    fns = [fenced_checkpoint(segment_fn(s), s.saved_names) for s in segments[:-1]]
+    fns.append(segment_fn(segments[-1]))
 
     def program(*flat_args: Any) -> list[Any]:
         env: dict = dict(zip(jaxpr.constvars, closed.consts))

@@ -31,9 +31,18 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
+from ._chen import chen_greedy_candidates, chen_sqrt_n_schedule
 from ._errors import InfeasibleBudgetError
 from ._graph import ProgramGraph
-from ._memory import Schedule, boundary_cotangent_bytes, kept_buffers, remat_bytes, simulate, transient_bytes
+from ._memory import (
+    Schedule,
+    boundary_cotangent_bytes,
+    kept_buffers,
+    materialized,
+    remat_bytes,
+    simulate,
+    transient_bytes,
+)
 
 
 @dataclass(frozen=True)
@@ -41,7 +50,9 @@ class SolverOptions:
     """CP-SAT settings; every solve is bounded, seeded and deterministic.
 
     Attributes:
-        time_limit_s: wall-clock cap per solve.
+        time_limit_s: wall-clock cap per solve, a safety net: set it well
+            above what ``deterministic_time_limit`` takes, because a solve
+            stopped by the wall clock depends on the machine's load.
         deterministic_time_limit: CP-SAT's deterministic-time cap (the one
             that makes a time-out repeatable).
         num_workers: parallel search workers (interleaved, deterministic).
@@ -50,7 +61,7 @@ class SolverOptions:
             with the fewest bytes crossing them are kept.
     """
 
-    time_limit_s: float = 30.0
+    time_limit_s: float = 120.0
     deterministic_time_limit: float = 10.0
     num_workers: int = 8
     seed: int = 0
@@ -129,8 +140,30 @@ class _Encoding:
             if v in crossing:
                 m.Add(s + crossing[v] <= 1)  # saving a value that is stored anyway only costs
 
+        # tail[c]: no segment starts at or after candidate c, so position c - 1
+        # onwards lies in the last segment (which is plain, see _memory).
+        self.tail: dict[int, cp_model.IntVar] = {}
+        later = None
+        for c in reversed(cut_list):
+            t = m.NewBoolVar(f"tail{c}")
+            parts = [self.cut[c]] + ([later.Not()] if later is not None else [])
+            m.AddBoolOr(parts).OnlyEnforceIf(t.Not())  # not tail => a cut at or after c
+            m.AddImplication(t, self.cut[c].Not())
+            if later is not None:
+                m.AddImplication(t, later)
+            self.tail[c] = t
+            later = t
+
+        def in_tail(p: int) -> object:
+            """1 when position ``p`` lies in the last segment (a literal, or the constant 1)."""
+            nxt = next((c for c in cut_list if c > p), None)
+            return 1 if nxt is None else self.tail[nxt]
+
+        self.in_tail = in_tail
+
         def available(v: int) -> list:
-            return [x for x in (crossing.get(v), self.save.get(v)) if x is not None]
+            found = [x for x in (crossing.get(v), self.save.get(v)) if x is not None]
+            return found + ([in_tail(g.position_of(v))] if g.residual[v] else [])
 
         self.rc = {u.index: m.NewBoolVar(f"rc{u.index}") for u in units}
         for v in range(g.num_nodes):
@@ -144,11 +177,12 @@ class _Encoding:
         by_pos: list[list[int]] = [[] for _ in range(n)]
         for u in units:
             by_pos[u.position].append(u.index)
-        big = sum(g.node_bytes) + 1
+        relayout = self._relayout_terms()
+        big = 2 * sum(g.node_bytes) + 1
         kept = kept_buffers(g)
         self.acc, self.tmax = [], []
         for p in range(n):
-            local = sum(self.rc[u] * remat_bytes(g, u, kept) for u in by_pos[p])
+            local = sum(self.rc[u] * remat_bytes(g, u, kept) for u in by_pos[p]) + sum(relayout[p])
             t_here = max((transient_bytes(g, u) for u in by_pos[p]), default=0)
             acc = m.NewIntVar(0, big, f"acc{p}")
             tmax = m.NewIntVar(0, big, f"tmax{p}")
@@ -171,10 +205,41 @@ class _Encoding:
             self.ends.append((e, expr, enforce))
         self.flops = sum(self.rc[u] * units[u].flops for u in g.primal)
 
+    def _relayout_terms(self) -> list[list]:
+        """Per position, the relayout copies its segment's backward makes
+        (:func:`remat_opt._memory.relayout_bytes`, spread over reading positions)."""
+        g, m = self.graph, self.model
+        terms: list[list] = [[] for _ in range(g.num_positions)]
+        if not g.transposed:
+            return terms
+        for v in range(g.num_nodes):
+            if not g.transposed[v] or g.is_output[v]:
+                continue
+            if v in self.save:
+                terms[g.position_of(v)].append(g.node_bytes[v] * self.save[v])
+            for q, lit in self.cross.get(v, ()):
+                tail = self.in_tail(q)
+                if isinstance(tail, int):
+                    continue  # q is in the last segment whatever the cuts
+                read = m.NewBoolVar(f"relayout{v}_{q}")  # v crosses into q's segment, not the last
+                m.AddBoolAnd([lit, tail.Not()]).OnlyEnforceIf(read)
+                m.AddBoolOr([lit.Not(), tail, read])
+                terms[q].append(g.node_bytes[v] * read)
+        return terms
+
     def _stored_at(self, e: int) -> cp_model.LinearExpr:
-        """Bytes of distinct stored buffers live at the end position ``e``."""
+        """Bytes of distinct stored buffers live at the end position ``e``.
+
+        At the program's end that includes the last segment's own residuals."""
         g = self.graph
         live: dict[int, list] = {}
+        if e == g.num_positions - 1:
+            for v in range(g.num_nodes):
+                if g.residual[v] and materialized(g, v) and not g.is_output[v]:
+                    lit = self.in_tail(g.position_of(v))
+                    if isinstance(lit, int):
+                        lit = self.model.NewConstant(1)
+                    live.setdefault(g.buffer[v], []).append(lit)
         for v, chain in self.cross.items():
             lits = [lit for q, lit in chain if q <= e]
             if lits:
@@ -212,18 +277,30 @@ def _solver(options: SolverOptions) -> cp_model.CpSolver:
 
 
 def min_peak_schedule(graph: ProgramGraph, options: SolverOptions = SolverOptions()) -> Schedule:
-    """A schedule with the smallest peak the model can reach, whatever the FLOPs."""
+    """A schedule with the smallest peak the model can reach, whatever the FLOPs.
+
+    CP-SAT starts from the best of Chen's segmentations (:mod:`remat_opt._chen`)
+    and the result is never worse than any of them: under a time limit the
+    search may stop before it has improved on that start.
+    """
+    starts = [chen_sqrt_n_schedule(graph)] + [s for _, s in chen_greedy_candidates(graph)]
+    best_start = min(starts, key=lambda s: (simulate(graph, s).peak_bytes, sorted(s.cuts)))
     enc = _Encoding(graph, cut_candidates(graph, options.max_cut_candidates), save_candidates(graph))
     m = enc.model
     peak = m.NewIntVar(0, sum(graph.node_bytes) * 4 + graph.input_bytes + graph.output_bytes, "peak")
     for _, expr, enforce in enc.ends:
         m.Add(peak >= expr).OnlyEnforceIf(enforce)
     m.Minimize(peak)
+    for c, x in enc.cut.items():
+        m.AddHint(x, c in best_start.cuts)
+    for x in enc.save.values():
+        m.AddHint(x, False)
     solver = _solver(options)
     status = solver.Solve(m)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        raise RuntimeError(f"CP-SAT found no schedule at all ({solver.StatusName(status)}).")
-    return enc.schedule(solver)
+        return best_start
+    found = enc.schedule(solver)
+    return min((found, best_start), key=lambda s: simulate(graph, s).peak_bytes)
 
 
 def solve(graph: ProgramGraph, budget_bytes: int, options: SolverOptions = SolverOptions()) -> Solution:
@@ -248,13 +325,11 @@ def solve(graph: ProgramGraph, budget_bytes: int, options: SolverOptions = Solve
     enc.model.Minimize(enc.flops)
     solver = _solver(options)
     status = solver.Solve(enc.model)
-    if status == cp_model.INFEASIBLE:
-        raise InfeasibleBudgetError(budget_bytes, simulate(graph, min_peak_schedule(graph, options)).peak_bytes)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        raise InfeasibleBudgetError(
-            budget_bytes, simulate(graph, min_peak_schedule(graph, options)).peak_bytes,
-            detail=f"CP-SAT stopped with {solver.StatusName(status)} before finding a schedule.",
-        )
+        lowest = min_peak_schedule(graph, options)
+        detail = "" if status == cp_model.INFEASIBLE else (
+            f"CP-SAT stopped with {solver.StatusName(status)} before finding a schedule.")
+        raise InfeasibleBudgetError(budget_bytes, simulate(graph, lowest).peak_bytes, detail, schedule=lowest)
     objective = int(round(solver.ObjectiveValue()))
     bound = float(solver.BestObjectiveBound())
     gap = 0.0 if status == cp_model.OPTIMAL or objective == 0 else max(0.0, (objective - bound) / objective)

@@ -1,0 +1,134 @@
+"""Chen et al.'s segmentations as schedules on the program graph.
+
+Used as baselines (:mod:`remat_opt._baselines`) and as starting points of the
+solver's lowest-memory search (:mod:`remat_opt._solve`): they cost nothing to
+build and are often close to the smallest peak.
+
+References:
+    T. Chen, B. Xu, C. Zhang, C. Guestrin. Training Deep Nets with Sublinear
+    Memory Cost. arXiv:1604.06174, 2016.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ._graph import ProgramGraph
+from ._memory import Schedule, materialized
+
+
+def articulation_positions(graph: ProgramGraph) -> tuple[int, ...]:
+    """Positions crossed by exactly one value: the graph's articulation points.
+
+    A cut there stores a single tensor (Checkmate's ``articulation_points``,
+    which its Chen baselines cut at). Program inputs are not counted: they are
+    live throughout anyway.
+    """
+    n = graph.num_positions
+    delta = [0] * (n + 1)
+    for v, readers in enumerate(graph.consumers):
+        p = graph.position_of(v)
+        last = max((graph.units[u].position for u in readers), default=p)
+        if last > p:
+            delta[p + 1] += 1
+            delta[last + 1] -= 1
+    out, running = [], 0
+    for c in range(n):
+        running += delta[c]
+        if c > 0 and running == 1:
+            out.append(c)
+    return tuple(out)
+
+
+def chen_sqrt_n_schedule(graph: ProgramGraph, num_segments: int | None = None) -> Schedule:
+    """Chen et al.'s sqrt(n) segments, with each cut at the narrowest nearby position.
+
+    The program's ``n`` primal equations are split into ``k`` segments
+    (``round(sqrt(n))`` by default). For each evenly spaced point ``i * n / k``
+    the cut goes to the position with the fewest crossing bytes within half a
+    segment of it (ties: the nearest). No value is saved by name: a segment's
+    backward recomputes it from its stored inputs.
+
+    Args:
+        graph: the program graph.
+        num_segments: ``k``; ``None`` for ``round(sqrt(n))``.
+
+    Returns:
+        The schedule (``k - 1`` cuts at most; fewer when windows agree).
+
+    References:
+        T. Chen, B. Xu, C. Zhang, C. Guestrin. Training Deep Nets with Sublinear
+        Memory Cost. arXiv:1604.06174, 2016 (the sqrt(n) strategy).
+    """
+    n = graph.num_positions
+    k = max(1, round(math.sqrt(n))) if num_segments is None else min(num_segments, max(1, n))
+    half = n / (2 * k)
+    cuts = set()
+    for i in range(1, k):
+        target = i * n / k
+        lo, hi = max(1, math.ceil(target - half)), min(n - 1, math.floor(target + half))
+        window = range(lo, hi + 1)
+        if window:
+            cuts.add(min(window, key=lambda c: (graph.crossing_bytes(c), abs(c - target))))
+    return Schedule(cuts=frozenset(cuts))
+
+
+def residual_bytes_by_position(graph: ProgramGraph) -> tuple[int, ...]:
+    """Per position, bytes of the residuals made there that get a buffer of their own."""
+    out = [0] * graph.num_positions
+    for v in range(graph.num_nodes):
+        if materialized(graph, v) and not graph.is_output[v]:
+            out[graph.position_of(v)] += graph.node_bytes[v]
+    return tuple(out)
+
+
+def chen_greedy_schedule(graph: ProgramGraph, threshold_bytes: int) -> Schedule:
+    """Chen et al.'s greedy segmentation for one segment budget.
+
+    Walks the positions in program order summing the residual bytes each one
+    makes; at an articulation position (:func:`articulation_positions`), once
+    the sum exceeds ``threshold_bytes``, a new segment starts and the sum
+    restarts. Falls back to every position as a candidate when the program
+    has fewer than one articulation point.
+
+    Args:
+        graph: the program graph.
+        threshold_bytes: the per-segment budget ``B``.
+
+    Returns:
+        The schedule (no value saved by name).
+
+    References:
+        T. Chen, B. Xu, C. Zhang, C. Guestrin. Training Deep Nets with Sublinear
+        Memory Cost. arXiv:1604.06174, 2016 (greedy planning with a budget).
+    """
+    candidates = set(articulation_positions(graph)) or set(range(1, graph.num_positions))
+    produced = residual_bytes_by_position(graph)
+    cuts, temp = set(), 0
+    for p in range(graph.num_positions):
+        if p in candidates and temp > threshold_bytes:
+            cuts.add(p)
+            temp = 0
+        temp += produced[p]
+    return Schedule(cuts=frozenset(cuts))
+
+
+def chen_greedy_candidates(graph: ProgramGraph) -> tuple[tuple[int, Schedule], ...]:
+    """Distinct greedy schedules over the threshold grid ``B = total / m``.
+
+    ``total`` is all residual bytes and ``m`` runs from 1 to ``2a + 2`` for
+    ``a`` articulation points: from one segment (nothing stored) to segments
+    shorter than the average gap between articulation points. Chen et al.
+    also search for ``B``; they fix no grid.
+
+    Returns:
+        ``(threshold_bytes, schedule)`` pairs, one per distinct schedule.
+    """
+    total = sum(residual_bytes_by_position(graph))
+    count = len(articulation_positions(graph)) or graph.num_positions
+    seen: dict[Schedule, int] = {}
+    for m in range(1, 2 * count + 3):
+        threshold = total // m
+        schedule = chen_greedy_schedule(graph, threshold)
+        seen.setdefault(schedule, threshold)
+    return tuple((b, s) for s, b in seen.items())
