@@ -18,6 +18,8 @@ Example:
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "InfeasibleBudgetError",
     "InvalidBudgetError",
@@ -92,16 +94,20 @@ class InfeasibleBudgetError(RematOptError, ValueError):
         detail: Optional extra sentence(s) appended to the message, e.g. which
             buffers dominate the minimum.
 
+        schedule: The lowest-memory :class:`remat_opt.Schedule` found, if known.
+
     Attributes:
         budget_bytes: As passed.
         min_budget_bytes: As passed.
         detail: As passed.
+        schedule: As passed.
     """
 
-    def __init__(self, budget_bytes: int, min_budget_bytes: int, detail: str = "") -> None:
+    def __init__(self, budget_bytes: int, min_budget_bytes: int, detail: str = "", schedule: Any = None) -> None:
         self.budget_bytes = budget_bytes
         self.min_budget_bytes = min_budget_bytes
         self.detail = detail
+        self.schedule = schedule
         message = (
             f"budget_bytes={_describe_bytes(budget_bytes, unit='')} is below the smallest peak "
             f"remat_opt can reach for this program, {_describe_bytes(min_budget_bytes)}; "
@@ -110,7 +116,7 @@ class InfeasibleBudgetError(RematOptError, ValueError):
         super().__init__(_with_detail(message, detail))
 
     def __reduce__(self):  # noqa: D105
-        return (type(self), (self.budget_bytes, self.min_budget_bytes, self.detail))
+        return (type(self), (self.budget_bytes, self.min_budget_bytes, self.detail, self.schedule))
 
 
 class UnsupportedProgramError(RematOptError, NotImplementedError):

@@ -12,7 +12,6 @@ budget XLA confirms.
 from __future__ import annotations
 
 import functools
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -136,14 +135,13 @@ class OptimizedFunction:
                               "PLAIN", 0.0, 0.0, 0)
             return plan, self.fn
 
-        target, solve_seconds, bound = budget, 0.0, 0.0
+        target, solve_seconds, bound, lowest = budget, 0.0, 0.0, None
         for attempt in range(1, self.max_attempts + 1):
             try:
                 solution = solve(graph, target, self.solver_options)
-            except InfeasibleBudgetError:
-                if attempt == 1:
-                    raise self._infeasible(graph, measure) from None
-                break  # nothing under the tightened target: try the lowest-memory schedule
+            except InfeasibleBudgetError as err:
+                lowest = err.schedule
+                break  # nothing under the target in the model: XLA may still take the lowest-memory schedule
             solve_seconds += solution.solve_seconds
             bound = bound or solution.bound_flops
             program = apply_schedule(self.fn, graph, solution.schedule)
@@ -156,11 +154,11 @@ class OptimizedFunction:
         # XLA kept measuring the model's plans over budget, or the model found
         # none under the tightened target: the lowest-memory schedule may still
         # fit. It recomputes more than needed, and its gap says by how much.
-        schedule = min_peak_schedule(graph, self.solver_options)
+        schedule = lowest or min_peak_schedule(graph, self.solver_options)
         program = apply_schedule(self.fn, graph, schedule)
         measured = measure(program)
         if measured > budget:
-            raise self._infeasible(graph, measure, (schedule, measured)) from None
+            raise self._infeasible(graph, schedule, measured)
         sim = simulate(graph, schedule)
         gap = max(0.0, (sim.recompute_flops - bound) / sim.recompute_flops) if sim.recompute_flops else 0.0
         return self._finish(graph, sim, schedule, measured, plain_peak, program, args, kwargs, nums,
@@ -174,21 +172,13 @@ class OptimizedFunction:
                           status, gap, solve_seconds, attempts)
         return plan, program
 
-    def _infeasible(
-        self, graph: ProgramGraph, measure: Callable, lowest: tuple[Schedule, int] | None = None
-    ) -> InfeasibleBudgetError:
-        """The error for a budget below reach, with a budget that XLA confirms.
-
-        ``lowest`` is the lowest-memory schedule with its measured peak, when
-        the caller has it already.
-        """
-        if lowest is None:
-            schedule = min_peak_schedule(graph, self.solver_options)
-            lowest = schedule, measure(apply_schedule(self.fn, graph, schedule))
-        schedule, measured = lowest
+    def _infeasible(self, graph: ProgramGraph, schedule: Schedule, measured: int) -> InfeasibleBudgetError:
+        """The error for a budget below reach: the lowest-memory plan's peak on XLA
+        is the budget that works (XLA is the judge, not the model)."""
         predicted = simulate(graph, schedule).peak_bytes
-        detail = f"(XLA measured {measured:,} bytes for the lowest-memory plan; the model predicted {predicted:,}.)"
-        return InfeasibleBudgetError(self.budget_bytes, max(measured, predicted), detail=detail)
+        detail = (f"(XLA measured {measured:,} bytes for the lowest-memory plan; "
+                  f"the model predicted {predicted:,}.)")
+        return InfeasibleBudgetError(self.budget_bytes, measured, detail=detail, schedule=schedule)
 
     def _plan(self, graph: ProgramGraph, sim: Simulation, schedule: Schedule, measured: int,
               plain_peak: int, measured_flops: int | None, baseline_flops: int, status: str,
