@@ -4,8 +4,17 @@ The pipeline, one module a stage: ``_trace`` (flat jaxpr) → ``_graph`` (JAX's 
 linearization: what the backward reads) → ``_cost`` (FLOPs) → ``_memory`` (the
 peak model) → ``_solve`` (CP-SAT) → ``_rewrite`` (fenced ``jax.checkpoint``) →
 ``_measure`` (XLA's ``memory_analysis``). ``optimize`` runs them all.
+Baselines (``_baselines``, ``_chen``) return the same :class:`Plan`, measured the same way.
 """
 
+from ._baselines import POLICIES as POLICIES
+from ._baselines import all_baselines as all_baselines
+from ._baselines import chen_greedy as chen_greedy
+from ._baselines import chen_sqrt_n as chen_sqrt_n
+from ._baselines import checkpoint_policy as checkpoint_policy
+from ._baselines import layer_checkpoint_policy as layer_checkpoint_policy
+from ._baselines import megatron_selective as megatron_selective
+from ._baselines import no_remat as no_remat
 from ._budget import format_bytes as format_bytes
 from ._budget import parse_bytes as parse_bytes
 from ._cost import CostModel as CostModel
@@ -23,6 +32,7 @@ from ._plan import Plan as Plan
 from ._solve import SolverOptions as SolverOptions
 
 __all__ = [
+    "POLICIES",
     "CostModel",
     "FlopCostModel",
     "InfeasibleBudgetError",
@@ -34,7 +44,14 @@ __all__ = [
     "Schedule",
     "SolverOptions",
     "UnsupportedProgramError",
+    "all_baselines",
+    "checkpoint_policy",
+    "chen_greedy",
+    "chen_sqrt_n",
     "format_bytes",
+    "layer_checkpoint_policy",
+    "megatron_selective",
+    "no_remat",
     "optimize",
     "parse_bytes",
     "peak_bytes",

@@ -18,31 +18,41 @@ class Plan:
     the memory model's, ``measured_peak_bytes`` is XLA's (``None`` only when it
     was not measured).
 
+    Every strategy returns this type, the solver and each baseline
+    (:mod:`remat_opt._baselines`) alike, so plans can be compared. A baseline
+    that is a JAX checkpoint policy, not a schedule on the graph, has no model
+    prediction (``predicted_peak_bytes`` and ``schedule`` are ``None``).
+
     Attributes:
         graph: one node per value of the differentiated forward program, with
             attributes ``primitive``, ``shape``, ``dtype``, ``bytes``, ``flops``,
             ``decision`` ("input", "output", "save", "recompute" or "free": used
-            only in the forward), ``segment`` and ``source`` (the user's line).
+            only in the forward), ``segment`` and ``source`` (the user's line);
+            ``decision`` and ``segment`` are ``None`` when ``schedule`` is.
         budget_bytes: the budget asked for.
-        predicted_peak_bytes: the model's peak for this plan.
+        predicted_peak_bytes: the model's peak for this plan; ``None`` for a
+            strategy the model does not describe (a JAX checkpoint policy).
         measured_peak_bytes: XLA's peak (``remat_opt.peak_bytes``) for this plan.
         plain_peak_bytes: XLA's peak for the function as written.
-        recompute_flops: FLOPs recomputed, by the model.
+        recompute_flops: FLOPs recomputed, by the model (for a strategy
+            without a schedule, the measured figure).
         measured_recompute_flops: FLOPs the rewritten program's jaxpr computes
             beyond the plain gradient's.
         baseline_flops: FLOPs of the plain gradient (``jax.value_and_grad``).
-        status: "OPTIMAL", "FEASIBLE" (see ``gap``) or "PLAIN" (no remat needed).
+        status: "OPTIMAL", "FEASIBLE" (see ``gap``), "PLAIN" (no remat needed)
+            or "BASELINE" (a baseline strategy, not solved against the budget).
         gap: relative optimality gap of the recompute FLOPs (0 when optimal).
         solve_seconds: time in the CP-SAT solver, all attempts.
         attempts: solves needed until XLA confirmed the budget.
-        schedule: the decisions (segment starts and saved names).
+        schedule: the decisions (segment starts and saved names); ``None`` for a
+            strategy that is not a schedule on the graph (a JAX checkpoint policy).
         strategy: who made the plan ("remat_opt", or a baseline's name).
         jax_version: the jax version it was measured with.
     """
 
     graph: nx.DiGraph = field(repr=False, compare=False)
     budget_bytes: int
-    predicted_peak_bytes: int
+    predicted_peak_bytes: int | None
     measured_peak_bytes: int | None
     plain_peak_bytes: int | None
     recompute_flops: int
@@ -52,12 +62,15 @@ class Plan:
     gap: float
     solve_seconds: float
     attempts: int
-    schedule: Schedule
+    schedule: Schedule | None
     strategy: str = "remat_opt"
     jax_version: str = ""
 
     @property
-    def num_segments(self) -> int:
+    def num_segments(self) -> int | None:
+        """Segments of the schedule; ``None`` when the plan has no schedule."""
+        if self.schedule is None:
+            return None
         return 1 if self.schedule.plain else len(self.schedule.cuts) + 1
 
     @property
@@ -74,11 +87,15 @@ class Plan:
         measured = "not measured" if self.measured_peak_bytes is None else format_bytes(self.measured_peak_bytes)
         plain = "" if self.plain_peak_bytes is None else f" (plain {format_bytes(self.plain_peak_bytes)})"
         status = self.status + (f", gap {self.gap:.1%}" if self.status == "FEASIBLE" else "")
-        saved = len(self.schedule.saved)
+        predicted = "none" if self.predicted_peak_bytes is None else format_bytes(self.predicted_peak_bytes)
+        decisions = (
+            "not a schedule"
+            if self.schedule is None
+            else f"{self.num_segments} segment(s), {len(self.schedule.saved)} value(s) saved by name"
+        )
         return (
             f"Plan[{self.strategy}] {status}: budget {format_bytes(self.budget_bytes)}, "
-            f"predicted peak {format_bytes(self.predicted_peak_bytes)}, measured {measured}{plain}; "
-            f"{self.num_segments} segment(s), {saved} value(s) saved by name; "
+            f"predicted peak {predicted}, measured {measured}{plain}; {decisions}; "
             f"recompute {self.recompute_flops:,} FLOPs (+{self.recompute_overhead:.1%}); "
             f"solved in {self.solve_seconds:.2f}s, {self.attempts} attempt(s); jax {self.jax_version}"
         )

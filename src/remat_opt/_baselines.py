@@ -1,0 +1,576 @@
+"""Baseline strategies, measured the same way and returned as the same :class:`Plan`.
+
+Each strategy is one public function that builds its program, measures it on
+XLA (:func:`remat_opt.peak_bytes`) and counts its FLOPs on the jaxpr, exactly as
+:func:`remat_opt.optimize` does for its own plans, so that the two can be put
+in one table:
+
+* :func:`no_remat` — the function as written.
+* :func:`checkpoint_policy` — ``jax.checkpoint(fn, policy=...)`` around the
+  whole function, with one of JAX's built-in policies (:data:`POLICIES`).
+* :func:`layer_checkpoint_policy` — the same around each layer, through the
+  model's ``layer_wrapper`` (the zoo's convention).
+* :func:`megatron_selective` — Megatron-LM's selective activation recompute.
+* :func:`chen_sqrt_n` and :func:`chen_greedy` — Chen et al.'s segment
+  checkpointing, as a :class:`Schedule` on the program graph, run through the
+  fenced rewriter.
+
+The JAX-policy baselines use plain ``jax.checkpoint`` exactly as a user would
+write it: on XLA:CPU it is often undone by CSE and scheduling (FINDINGS §1),
+and showing that is part of the point. Their plans carry no model prediction
+(``predicted_peak_bytes`` and ``schedule`` are ``None``); their
+``recompute_flops`` is the measured figure.
+
+Example:
+    >>> import jax, jax.numpy as jnp, remat_opt
+    >>> loss = lambda ws, x: jnp.sum(jnp.tanh(jnp.tanh(x @ ws[0]) @ ws[1]))
+    >>> ws, x = [jnp.ones((8, 8)) / 8] * 2, jnp.ones((4, 8))
+    >>> plan = remat_opt.checkpoint_policy(loss, "nothing_saveable", ws, x, budget_bytes="1MiB")
+    >>> plan.strategy, plan.measured_recompute_flops > 0
+    ('checkpoint/nothing_saveable', True)
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import jax
+import networkx as nx
+
+from ._budget import parse_bytes
+from ._cost import CostModel
+from ._graph import ProgramGraph, build_graph
+from ._measure import abstract, gradient_flops, peak_bytes
+from ._memory import Schedule, simulate
+from ._chen import (
+    chen_greedy_candidates,
+    chen_sqrt_n_schedule,
+)
+from ._optimize import annotate, apply_schedule
+from ._plan import Plan
+from ._trace import normalize_argnums, trace
+
+POLICIES: dict[str, Callable[..., bool]] = {
+    "nothing_saveable": jax.checkpoint_policies.nothing_saveable,
+    "dots_saveable": jax.checkpoint_policies.dots_saveable,
+    "dots_with_no_batch_dims_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    "everything_saveable": jax.checkpoint_policies.everything_saveable,
+}
+"""JAX's built-in checkpoint policies compared here, by name."""
+
+STATUS = "BASELINE"
+
+
+# --------------------------------------------------------------------------- programs
+
+
+def _policy(policy: str) -> Callable[..., bool]:
+    if not isinstance(policy, str) or policy not in POLICIES:
+        raise ValueError(f"policy must be one of {sorted(POLICIES)}; got {policy!r}.")
+    return POLICIES[policy]
+
+
+def _check_positive(argument: str, value: object, *, allow_none: bool = False) -> None:
+    if allow_none and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        expected = "a positive int" + (" or None" if allow_none else "")
+        raise ValueError(f"{argument} must be {expected}; got {value!r}.")
+
+
+def policy_program(fn: Callable[..., Any], policy: str) -> Callable[..., Any]:
+    """``jax.checkpoint(fn, policy=...)``, as a user would write it."""
+    return jax.checkpoint(fn, policy=_policy(policy))
+
+
+def layer_policy_program(loss: Callable[..., Any], policy: str) -> Callable[..., Any]:
+    """``loss`` with ``jax.checkpoint(layer, policy=...)`` around each layer.
+
+    Raises:
+        TypeError: ``loss`` takes no ``layer_wrapper`` keyword argument.
+    """
+    try:
+        parameters = inspect.signature(loss).parameters
+    except (TypeError, ValueError):
+        parameters = {}
+    takes_wrapper = "layer_wrapper" in parameters or any(
+        p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()
+    )
+    if not takes_wrapper:
+        raise TypeError(
+            f"loss must accept a layer_wrapper keyword argument (the zoo's convention) for a "
+            f"per-layer policy; got {loss!r}. Use checkpoint_policy for the whole function."
+        )
+    pol = _policy(policy)
+    return functools.partial(loss, layer_wrapper=lambda layer: jax.checkpoint(layer, policy=pol))
+
+
+# --------------------------------------------------------------------------- measuring
+
+
+@dataclass(frozen=True)
+class _Reference:
+    """What every baseline of one function and signature is compared with."""
+
+    fn: Callable[..., Any]
+    args: tuple
+    kwargs: dict
+    nums: int | tuple[int, ...]
+    budget_bytes: int
+    cost_model: CostModel | None
+    graph: ProgramGraph
+    plain_peak_bytes: int
+    baseline_flops: int
+
+    def peak(self, program: Callable[..., Any]) -> int:
+        return peak_bytes(program, *self.args, argnums=self.nums, **self.kwargs)
+
+    def flops(self, program: Callable[..., Any]) -> int:
+        return gradient_flops(program, self.args, self.kwargs, self.nums, self.cost_model) - self.baseline_flops
+
+
+def _reference(
+    fn: Callable[..., Any],
+    args: tuple,
+    kwargs: dict,
+    argnums: int | Sequence[int],
+    budget_bytes: int | str,
+    cost_model: CostModel | None,
+) -> _Reference:
+    if not callable(fn):
+        raise TypeError(f"fn must be callable; got {fn!r} ({type(fn).__name__}). Pass the loss function itself.")
+    budget = parse_bytes(budget_bytes, argument="budget_bytes")
+    args, kwargs = abstract(tuple(args)), abstract(dict(kwargs))
+    nums_t = normalize_argnums(argnums, len(args))
+    nums = nums_t if len(nums_t) > 1 else nums_t[0]
+    graph = build_graph(trace(fn, args, kwargs, nums_t), cost_model)
+    return _Reference(
+        fn=fn,
+        args=args,
+        kwargs=kwargs,
+        nums=nums,
+        budget_bytes=budget,
+        cost_model=cost_model,
+        graph=graph,
+        plain_peak_bytes=peak_bytes(fn, *args, argnums=nums, **kwargs),
+        baseline_flops=gradient_flops(fn, args, kwargs, nums, cost_model),
+    )
+
+
+def _bare_graph(graph: ProgramGraph) -> nx.DiGraph:
+    g = graph.nx_graph()
+    nx.set_node_attributes(g, None, "decision")
+    nx.set_node_attributes(g, None, "segment")
+    return g
+
+
+def _plan(ref: _Reference, strategy: str, **fields: Any) -> Plan:
+    defaults: dict[str, Any] = dict(
+        budget_bytes=ref.budget_bytes,
+        plain_peak_bytes=ref.plain_peak_bytes,
+        baseline_flops=ref.baseline_flops,
+        status=STATUS,
+        gap=0.0,
+        solve_seconds=0.0,
+        attempts=1,
+        strategy=strategy,
+        jax_version=jax.__version__,
+    )
+    return Plan(**{**defaults, **fields})
+
+
+def _policy_plan(ref: _Reference, strategy: str, program: Callable[..., Any]) -> Plan:
+    measured_flops = ref.flops(program)
+    return _plan(
+        ref,
+        strategy,
+        graph=_bare_graph(ref.graph),
+        predicted_peak_bytes=None,
+        measured_peak_bytes=ref.peak(program),
+        recompute_flops=measured_flops,
+        measured_recompute_flops=measured_flops,
+        schedule=None,
+    )
+
+
+def _schedule_plan(
+    ref: _Reference, strategy: str, schedule: Schedule, measured: int | None = None, **fields: Any
+) -> Plan:
+    program = apply_schedule(ref.fn, ref.graph, schedule)
+    sim = simulate(ref.graph, schedule)
+    return _plan(
+        ref,
+        strategy,
+        graph=annotate(ref.graph, sim),
+        predicted_peak_bytes=sim.peak_bytes,
+        measured_peak_bytes=ref.peak(program) if measured is None else measured,
+        recompute_flops=sim.recompute_flops,
+        measured_recompute_flops=ref.flops(program),
+        schedule=schedule,
+        **fields,
+    )
+
+
+def _no_remat(ref: _Reference) -> Plan:
+    return _schedule_plan(ref, "no_remat", Schedule(plain=True), measured=ref.plain_peak_bytes)
+
+
+def _chen_sqrt_n(ref: _Reference, num_segments: int | None) -> Plan:
+    start = time.perf_counter()
+    schedule = chen_sqrt_n_schedule(ref.graph, num_segments)
+    return _schedule_plan(ref, "chen_sqrt_n", schedule, solve_seconds=time.perf_counter() - start)
+
+
+def _chen_greedy(ref: _Reference, measure_top: int) -> Plan:
+    start = time.perf_counter()
+    ranked = sorted(
+        ((simulate(ref.graph, s).peak_bytes, len(s.cuts), s) for _, s in chen_greedy_candidates(ref.graph)),
+        key=lambda t: t[:2],
+    )
+    seconds = time.perf_counter() - start
+    measured = [(ref.peak(apply_schedule(ref.fn, ref.graph, s)), n, s) for _, n, s in ranked[:measure_top]]
+    peak, _, best = min(measured, key=lambda t: (t[0], t[1]))
+    return _schedule_plan(ref, "chen_greedy", best, measured=peak, solve_seconds=seconds, attempts=len(measured))
+
+
+# --------------------------------------------------------------------------- public API
+
+
+def no_remat(
+    fn: Callable[..., Any],
+    *args: Any,
+    budget_bytes: int | str,
+    argnums: int | Sequence[int] = 0,
+    cost_model: CostModel | None = None,
+    **kwargs: Any,
+) -> Plan:
+    """The function as written: no rematerialization.
+
+    Args:
+        fn: the loss function, returning a scalar.
+        *args: its positional arguments (arrays or ``jax.ShapeDtypeStruct``).
+        budget_bytes: the budget the plan is compared against (``plan.fits``).
+        argnums: positional arguments that are differentiated.
+        cost_model: FLOPs per equation; the default counts dots and convs exactly.
+        **kwargs: keyword arguments of ``fn``, not differentiated.
+
+    Returns:
+        A measured :class:`Plan` with ``strategy="no_remat"``, zero recompute,
+        and the model's prediction for the plain program.
+
+    Raises:
+        TypeError: ``fn`` is not callable, or an argument has the wrong type.
+        ValueError: ``budget_bytes`` or ``argnums`` is invalid.
+
+    Example:
+        >>> import jax.numpy as jnp, remat_opt
+        >>> w = jnp.ones((8, 8))
+        >>> remat_opt.no_remat(lambda w: jnp.sum(jnp.tanh(w @ w)), w, budget_bytes="1MiB").fits
+        True
+    """
+    return _no_remat(_reference(fn, args, kwargs, argnums, budget_bytes, cost_model))
+
+
+def checkpoint_policy(
+    fn: Callable[..., Any],
+    policy: str,
+    *args: Any,
+    budget_bytes: int | str,
+    argnums: int | Sequence[int] = 0,
+    cost_model: CostModel | None = None,
+    **kwargs: Any,
+) -> Plan:
+    """``jax.checkpoint(fn, policy=...)`` around the whole function.
+
+    Args:
+        fn: the loss function, returning a scalar.
+        policy: a name in :data:`POLICIES` (``"nothing_saveable"``,
+            ``"dots_saveable"``, ``"dots_with_no_batch_dims_saveable"``,
+            ``"everything_saveable"``).
+        *args: its positional arguments.
+        budget_bytes: the budget the plan is compared against.
+        argnums: positional arguments that are differentiated.
+        cost_model: FLOPs per equation.
+        **kwargs: keyword arguments of ``fn``, not differentiated.
+
+    Returns:
+        A measured :class:`Plan` with ``strategy="checkpoint/<policy>"`` and no
+        prediction (``predicted_peak_bytes`` and ``schedule`` are ``None``).
+
+    Raises:
+        ValueError: ``policy`` is not a known name, or another argument is invalid.
+        TypeError: ``fn`` is not callable.
+
+    Example:
+        >>> import jax.numpy as jnp, remat_opt
+        >>> loss = lambda w: jnp.sum(jnp.tanh(jnp.tanh(w @ w) @ w))
+        >>> remat_opt.checkpoint_policy(loss, "dots_saveable", jnp.ones((8, 8)), budget_bytes=1 << 20).status
+        'BASELINE'
+    """
+    program = policy_program(fn, policy)
+    ref = _reference(fn, args, kwargs, argnums, budget_bytes, cost_model)
+    return _policy_plan(ref, f"checkpoint/{policy}", program)
+
+
+def layer_checkpoint_policy(
+    loss: Callable[..., Any],
+    policy: str,
+    *args: Any,
+    budget_bytes: int | str,
+    argnums: int | Sequence[int] = 0,
+    cost_model: CostModel | None = None,
+    **kwargs: Any,
+) -> Plan:
+    """``jax.checkpoint(layer, policy=...)`` around each layer of ``loss``.
+
+    ``loss`` must take the zoo's ``layer_wrapper`` keyword (see
+    :mod:`remat_opt.zoo`): it is called with
+    ``layer_wrapper=lambda f: jax.checkpoint(f, policy=...)``.
+
+    Args:
+        loss: the loss function, taking ``layer_wrapper``.
+        policy: a name in :data:`POLICIES`.
+        *args: its positional arguments.
+        budget_bytes: the budget the plan is compared against.
+        argnums: positional arguments that are differentiated.
+        cost_model: FLOPs per equation.
+        **kwargs: other keyword arguments of ``loss``, not differentiated.
+
+    Returns:
+        A measured :class:`Plan` with ``strategy="layer_checkpoint/<policy>"``
+        and no prediction.
+
+    Raises:
+        TypeError: ``loss`` takes no ``layer_wrapper``.
+        ValueError: ``policy`` is not a known name, or another argument is invalid.
+
+    Example:
+        >>> import jax, remat_opt
+        >>> from remat_opt.zoo import MODELS, MLPConfig
+        >>> spec = MODELS["mlp"]
+        >>> params, batch = spec.init(MLPConfig(depth=2, width=8, batch=4), jax.random.key(0))
+        >>> plan = remat_opt.layer_checkpoint_policy(spec.loss, "nothing_saveable", params, batch,
+        ...                                          budget_bytes="1MiB")
+        >>> plan.strategy
+        'layer_checkpoint/nothing_saveable'
+    """
+    program = layer_policy_program(loss, policy)
+    ref = _reference(loss, args, kwargs, argnums, budget_bytes, cost_model)
+    return _policy_plan(ref, f"layer_checkpoint/{policy}", program)
+
+
+def megatron_selective(
+    loss: Callable[..., Any],
+    *args: Any,
+    budget_bytes: int | str,
+    argnums: int | Sequence[int] = 0,
+    cost_model: CostModel | None = None,
+    **kwargs: Any,
+) -> Plan:
+    """Megatron-LM selective activation recompute, as JAX expresses it.
+
+    Megatron keeps each layer's linear-layer outputs and recomputes the
+    attention core (``Q Kᵀ``, softmax, dropout, the product with ``V``): the
+    part whose activations grow with ``seq_len²`` but cost few FLOPs. In JAX
+    this is ``jax.checkpoint(layer, policy=dots_with_no_batch_dims_saveable)``
+    per layer: the projections are dots without batch dimensions and are saved;
+    ``Q Kᵀ`` and ``probs @ V`` are batched dots (over batch and heads) and are
+    recomputed. One difference: the policy also recomputes the layer's cheap
+    elementwise values (layer norms, GELU), which Megatron keeps; so this uses
+    slightly less memory and slightly more FLOPs than Megatron would. The
+    program is the same as :func:`layer_checkpoint_policy` with that policy.
+
+    Args:
+        loss: the loss function, taking the zoo's ``layer_wrapper``.
+        *args: its positional arguments.
+        budget_bytes: the budget the plan is compared against.
+        argnums: positional arguments that are differentiated.
+        cost_model: FLOPs per equation.
+        **kwargs: other keyword arguments of ``loss``, not differentiated.
+
+    Returns:
+        A measured :class:`Plan` with ``strategy="megatron_selective"``.
+
+    Raises:
+        TypeError: ``loss`` takes no ``layer_wrapper``.
+
+    References:
+        V. Korthikanti, J. Casper, S. Lym, L. McAfee, M. Andersch, M. Shoeybi,
+        B. Catanzaro. Reducing Activation Recomputation in Large Transformer
+        Models. arXiv:2205.05198, 2022 (Section 4.2, selective recomputation).
+
+    Example:
+        >>> import jax, remat_opt
+        >>> from remat_opt.zoo import MODELS, GPTConfig
+        >>> spec = MODELS["gpt"]
+        >>> config = GPTConfig(num_layers=1, d_model=16, num_heads=2, seq_len=8, batch=1, vocab=16)
+        >>> params, batch = spec.init(config, jax.random.key(0))
+        >>> remat_opt.megatron_selective(spec.loss, params, batch, budget_bytes="1MiB").strategy
+        'megatron_selective'
+    """
+    program = layer_policy_program(loss, "dots_with_no_batch_dims_saveable")
+    ref = _reference(loss, args, kwargs, argnums, budget_bytes, cost_model)
+    return _policy_plan(ref, "megatron_selective", program)
+
+
+def chen_sqrt_n(
+    fn: Callable[..., Any],
+    *args: Any,
+    budget_bytes: int | str,
+    num_segments: int | None = None,
+    argnums: int | Sequence[int] = 0,
+    cost_model: CostModel | None = None,
+    **kwargs: Any,
+) -> Plan:
+    """Chen et al.'s sqrt(n) checkpointing, run through remat_opt's fenced rewriter.
+
+    See :func:`chen_sqrt_n_schedule` for where the cuts go. Each segment's
+    backward recomputes the whole segment from its stored inputs, fenced so
+    that XLA keeps the recomputation in the backward pass.
+
+    Args:
+        fn: the loss function, returning a scalar.
+        *args: its positional arguments.
+        budget_bytes: the budget the plan is compared against.
+        num_segments: ``k``; ``None`` for ``round(sqrt(n))`` over the ``n``
+            primal equations.
+        argnums: positional arguments that are differentiated.
+        cost_model: FLOPs per equation.
+        **kwargs: keyword arguments of ``fn``, not differentiated.
+
+    Returns:
+        A measured :class:`Plan` with ``strategy="chen_sqrt_n"``, its schedule
+        and the model's prediction.
+
+    Raises:
+        ValueError: ``num_segments`` is not a positive int, or another argument is invalid.
+
+    References:
+        T. Chen, B. Xu, C. Zhang, C. Guestrin. Training Deep Nets with Sublinear
+        Memory Cost. arXiv:1604.06174, 2016.
+
+    Example:
+        >>> import jax.numpy as jnp, remat_opt
+        >>> def loss(w, x):
+        ...     for _ in range(4):
+        ...         x = jnp.tanh(x @ w)
+        ...     return jnp.sum(x)
+        >>> plan = remat_opt.chen_sqrt_n(loss, jnp.ones((8, 8)), jnp.ones((4, 8)), budget_bytes="1MiB")
+        >>> plan.num_segments > 1
+        True
+    """
+    _check_positive("num_segments", num_segments, allow_none=True)
+    return _chen_sqrt_n(_reference(fn, args, kwargs, argnums, budget_bytes, cost_model), num_segments)
+
+
+def chen_greedy(
+    fn: Callable[..., Any],
+    *args: Any,
+    budget_bytes: int | str,
+    measure_top: int = 3,
+    argnums: int | Sequence[int] = 0,
+    cost_model: CostModel | None = None,
+    **kwargs: Any,
+) -> Plan:
+    """Chen et al.'s greedy checkpointing, with its segment budget searched.
+
+    Every distinct schedule of :func:`chen_greedy_candidates` is simulated;
+    the ``measure_top`` with the lowest predicted peak are measured on XLA and
+    the lowest measured one is returned (ties: fewer segments).
+
+    Args:
+        fn: the loss function, returning a scalar.
+        *args: its positional arguments.
+        budget_bytes: the budget the plan is compared against.
+        measure_top: how many candidates to compile and measure.
+        argnums: positional arguments that are differentiated.
+        cost_model: FLOPs per equation.
+        **kwargs: keyword arguments of ``fn``, not differentiated.
+
+    Returns:
+        A measured :class:`Plan` with ``strategy="chen_greedy"``; ``attempts``
+        is the number of candidates measured.
+
+    Raises:
+        ValueError: ``measure_top`` is not a positive int, or another argument is invalid.
+
+    References:
+        T. Chen, B. Xu, C. Zhang, C. Guestrin. Training Deep Nets with Sublinear
+        Memory Cost. arXiv:1604.06174, 2016 (greedy planning with a budget).
+
+    Example:
+        >>> import jax.numpy as jnp, remat_opt
+        >>> def loss(w, x):
+        ...     for _ in range(4):
+        ...         x = jnp.tanh(x @ w)
+        ...     return jnp.sum(x)
+        >>> remat_opt.chen_greedy(loss, jnp.ones((8, 8)), jnp.ones((4, 8)), budget_bytes="1MiB").strategy
+        'chen_greedy'
+    """
+    _check_positive("measure_top", measure_top)
+    return _chen_greedy(_reference(fn, args, kwargs, argnums, budget_bytes, cost_model), measure_top)
+
+
+def all_baselines(
+    model: Any,
+    params: Any,
+    batch: Any,
+    budget_bytes: int | str,
+    *,
+    policies: Sequence[str] = tuple(POLICIES),
+    cost_model: CostModel | None = None,
+    measure_top: int = 3,
+) -> tuple[Plan, ...]:
+    """Every baseline for one model: ``loss(params, batch)``, differentiated in ``params``.
+
+    The plain program is traced, measured and counted once and shared by all.
+
+    Args:
+        model: a zoo :class:`~remat_opt.zoo.ModelSpec`, or a loss taking
+            ``(params, batch, *, layer_wrapper=None)``.
+        params: the differentiated parameters.
+        batch: the data, not differentiated.
+        budget_bytes: the budget every plan is compared against.
+        policies: the JAX policies to run, whole-function and per layer.
+        cost_model: FLOPs per equation.
+        measure_top: candidates :func:`chen_greedy` measures.
+
+    Returns:
+        Plans in this order: ``no_remat``; ``checkpoint/<policy>`` for each
+        policy; ``layer_checkpoint/<policy>`` for each policy;
+        ``megatron_selective``; ``chen_sqrt_n``; ``chen_greedy``.
+
+    Raises:
+        TypeError: ``model`` is neither a ModelSpec nor a callable taking ``layer_wrapper``.
+
+    Example:
+        >>> import jax, remat_opt
+        >>> from remat_opt.zoo import MODELS, MLPConfig
+        >>> spec = MODELS["mlp"]
+        >>> params, batch = spec.init(MLPConfig(depth=2, width=8, batch=4), jax.random.key(0))
+        >>> plans = remat_opt.all_baselines(spec, params, batch, "1MiB", policies=("nothing_saveable",))
+        >>> [p.strategy for p in plans][:2]
+        ['no_remat', 'checkpoint/nothing_saveable']
+    """
+    _check_positive("measure_top", measure_top)
+    loss = getattr(model, "loss", model)
+    layer_programs = {policy: layer_policy_program(loss, policy) for policy in policies}
+    ref = _reference(loss, (params, batch), {}, 0, budget_bytes, cost_model)
+    plans = [_no_remat(ref)]
+    plans += [_policy_plan(ref, f"checkpoint/{p}", policy_program(loss, p)) for p in policies]
+    plans += [_policy_plan(ref, f"layer_checkpoint/{p}", prog) for p, prog in layer_programs.items()]
+    same = "layer_checkpoint/dots_with_no_batch_dims_saveable"
+    megatron = next((p for p in plans if p.strategy == same), None)
+    if megatron is not None:  # The same program: measured once.
+        plans.append(replace(megatron, strategy="megatron_selective"))
+    else:
+        program = layer_policy_program(loss, "dots_with_no_batch_dims_saveable")
+        plans.append(_policy_plan(ref, "megatron_selective", program))
+    plans.append(_chen_sqrt_n(ref, None))
+    plans.append(_chen_greedy(ref, measure_top))
+    return tuple(plans)
