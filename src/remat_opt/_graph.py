@@ -35,7 +35,11 @@ def aval_bytes(aval: Any) -> int:
     """Bytes of one array value: elements times item size."""
     if not hasattr(aval, "shape"):
         return 0
-    itemsize = np.dtype(aval.dtype).itemsize if aval.dtype != jax.dtypes.float0 else 0
+    if aval.dtype == jax.dtypes.float0:
+        return 0
+    # PRNG key dtypes (key<fry>) are JAX's extended dtypes; numpy cannot read them.
+    extended = jax.dtypes.issubdtype(aval.dtype, jax.dtypes.extended)
+    itemsize = aval.dtype.itemsize if extended else np.dtype(aval.dtype).itemsize
     return int(np.prod(aval.shape, dtype=np.int64)) * itemsize
 
 

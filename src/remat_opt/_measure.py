@@ -26,13 +26,16 @@ def abstract(tree: Any) -> Any:
     )
 
 
-def peak_bytes(fn: Callable[..., Any], *args: Any, argnums: int | Sequence[int] = 0, **kwargs: Any) -> int:
+def peak_bytes(
+    fn: Callable[..., Any], *args: Any, argnums: int | Sequence[int] = 0, has_aux: bool = False, **kwargs: Any
+) -> int:
     """XLA's peak for one gradient step of ``fn`` on these arguments.
 
     Args:
         fn: a function returning a scalar.
         *args: positional arguments (arrays, pytrees, or ``jax.ShapeDtypeStruct``).
         argnums: the positional arguments differentiated, as in ``jax.grad``.
+        has_aux: ``fn`` returns ``(loss, aux)``, as in ``jax.grad``.
         **kwargs: keyword arguments, not differentiated.
 
     Returns:
@@ -43,7 +46,7 @@ def peak_bytes(fn: Callable[..., Any], *args: Any, argnums: int | Sequence[int] 
         >>> remat_opt.peak_bytes(lambda w: jnp.sum(jnp.tanh(w)), jnp.ones(1024)) > 0
         True
     """
-    step = jax.jit(jax.value_and_grad(fn, argnums=argnums))
+    step = jax.jit(jax.value_and_grad(fn, argnums=argnums, has_aux=has_aux))
     compiled = step.lower(*abstract(args), **abstract(kwargs)).compile()
     return memory_of(compiled)
 
@@ -62,7 +65,8 @@ def gradient_flops(
     kwargs: dict,
     argnums: int | Sequence[int],
     cost_model: CostModel | None = None,
+    has_aux: bool = False,
 ) -> int:
     """FLOPs of the jaxpr of ``jax.value_and_grad(fn)``: forward, recomputation and backward."""
-    jaxpr = jax.make_jaxpr(jax.value_and_grad(fn, argnums=argnums))(*abstract(tuple(args)), **abstract(kwargs))
+    jaxpr = jax.make_jaxpr(jax.value_and_grad(fn, argnums=argnums, has_aux=has_aux))(*abstract(tuple(args)), **abstract(kwargs))
     return jaxpr_flops(jaxpr, cost_model)

@@ -28,7 +28,7 @@ from jax._src import core
 
 from ._graph import ProgramGraph
 from ._memory import Schedule
-from ._names import eval_named
+from ._names import eval_named, is_nameable, value_name
 from ._trace import read_atom
 
 
@@ -60,7 +60,9 @@ def _fence_predicate(probes: Sequence[jax.Array | None]) -> jax.Array | None:
     return pred
 
 
-def fenced_checkpoint(fn: Callable[..., Any], saved_names: Sequence[str]) -> Callable[..., Any]:
+def fenced_checkpoint(
+    fn: Callable[..., Any], saved_names: Sequence[str], differentiable: Sequence[bool] | None = None
+) -> Callable[..., Any]:
     """``jax.checkpoint(fn)`` whose backward runs only once its cotangent exists.
 
     The predicate reads the incoming cotangent (so the backward cannot start
@@ -72,6 +74,10 @@ def fenced_checkpoint(fn: Callable[..., Any], saved_names: Sequence[str]) -> Cal
         fn: function of arrays to checkpoint.
         saved_names: ``checkpoint_name`` names the forward keeps; everything
             else the backward needs is recomputed.
+        differentiable: per argument, whether it carries a tangent in the
+            user's program (``TracedProgram.tangent_vars``); the others are
+            closed over, so the backward never transposes what JAX would not
+            (a ``while`` loop on a ``stop_gradient`` value, say). All by default.
 
     Returns:
         A function with ``fn``'s signature and values.
@@ -84,15 +90,23 @@ def fenced_checkpoint(fn: Callable[..., Any], saved_names: Sequence[str]) -> Cal
         return fn(*args)
 
     def fwd(*args: Any) -> tuple[Any, Any]:
-        out, vjp_fn = jax.vjp(remat, *args)
+        mask = (True,) * len(args) if differentiable is None else tuple(differentiable)
+
+        def of_differentiable(*diff: Any) -> Any:
+            it = iter(diff)
+            return remat(*(next(it) if d else a for a, d in zip(args, mask)))
+
+        out, vjp_fn = jax.vjp(of_differentiable, *(a for a, d in zip(args, mask) if d))
         return out, (vjp_fn, _first_inexact(out))
 
     def bwd(res: Any, cotangents: Any) -> Any:
         vjp_fn, out_probe = res
         pred = _fence_predicate((_first_inexact(cotangents), out_probe))
-        if pred is None:
-            return vjp_fn(cotangents)
-        return lax.cond(pred, vjp_fn, vjp_fn, cotangents)
+        cts = vjp_fn(cotangents) if pred is None else lax.cond(pred, vjp_fn, vjp_fn, cotangents)
+        if differentiable is None:
+            return cts
+        it = iter(cts)
+        return tuple(next(it) if d else None for d in differentiable)
 
     call.defvjp(fwd, bwd)
     return call
@@ -120,7 +134,14 @@ def segments_of(graph: ProgramGraph, schedule: Schedule) -> tuple[Segment, ...]:
         for e in jaxpr.eqns[start:stop]:
             read += [v for v in e.invars if isinstance(v, core.Var) and v not in defined and v not in read]
         outs = [v for e in jaxpr.eqns[start:stop] for v in e.outvars if v in later_reads[stop]]
-        names = sorted(name for p in range(start, stop) for name in names_at.get(p, ()))
+        names = {name for p in range(start, stop) for name in names_at.get(p, ())}
+        # The segment's outputs are kept anyway (they cross the boundary). Saved by
+        # name, jax.checkpoint does not recompute them for the residuals it needs.
+        for p in range(start, stop):
+            for k, v in enumerate(jaxpr.eqns[p].outvars):
+                if v in later_reads[stop] and is_nameable(v.aval):
+                    names.add(value_name(p, k))
+        names = sorted(names)
         segments.append(Segment(start, stop, tuple(read), tuple(outs), tuple(names)))
     return tuple(segments)
 
@@ -141,7 +162,13 @@ def rewrite(graph: ProgramGraph, schedule: Schedule) -> Callable[..., list[Any]]
 
     # The last segment runs as written: its backward follows its forward at
     # once, so recomputing it would only cost FLOPs (see _memory).
-    fns = [fenced_checkpoint(segment_fn(s), s.saved_names) for s in segments[:-1]]
+    tangent = graph.traced.tangent_vars
+    fns = [
+        fenced_checkpoint(segment_fn(s), s.saved_names, tuple(v in tangent for v in s.inputs))
+        if any(v in tangent for v in s.inputs)
+        else segment_fn(s)  # nothing in it is differentiated: no backward to fence
+        for s in segments[:-1]
+    ]
     fns.append(segment_fn(segments[-1]))
 
     def program(*flat_args: Any) -> list[Any]:

@@ -8,7 +8,18 @@ numerics do not change: a checkpoint only decides what is stored).
 
 ``custom_jvp_call`` and ``custom_vjp_call`` stay as single equations: their
 differentiation rules belong to the user, and partial evaluation of the JVP
-(stage 2) shows their residuals at the primitive level anyway.
+(stage 2) shows their residuals at the primitive level anyway. Control flow
+(``cond``, ``scan``, ``while``) also stays whole: each is one unit to the planner.
+
+Tracing also follows the tangents the way JAX's JVP does (which values a
+differentiated input reaches; ``stop_gradient`` and integer values stop them)
+and refuses, with :class:`~remat_opt.UnsupportedProgramError` naming the
+primitive and the user's source line, the programs the later stages cannot turn
+into a correct checkpointed gradient: a tangent flowing into a primitive JAX has
+no derivative for, or through a ``while`` loop (JAX cannot transpose one; a loop
+off the differentiated path is fine), and an effect (``io_callback``, ...) that
+JAX does not allow inside ``jax.checkpoint``, which the rewriter may put any
+equation in.
 """
 
 from __future__ import annotations
@@ -19,7 +30,10 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax._src import core, source_info_util
+from jax._src import core, effects, source_info_util
+from jax._src.interpreters import ad
+
+from ._errors import UnsupportedProgramError
 
 # Primitives whose only job is to group equations; inlined on tracing.
 _CALL_PARAMS = {"jit": "jaxpr", "pjit": "jaxpr", "closed_call": "call_jaxpr", "core_call": "call_jaxpr"}
@@ -36,12 +50,18 @@ class TracedProgram:
         out_tree: pytree structure of the function's output.
         differentiable: per flat input, whether it is a floating array
             reached by ``argnums`` (the inputs the planner differentiates).
+        tangent_vars: the variables of ``jaxpr`` (inputs and equation outputs)
+            that carry a nonzero tangent when ``differentiable`` inputs do, as
+            JAX's JVP propagates them (``stop_gradient``, integer values and
+            values computed from non-differentiated inputs carry none). A
+            rewritten segment must differentiate only these.
     """
 
     jaxpr: core.ClosedJaxpr
     in_tree: Any
     out_tree: Any
     differentiable: tuple[bool, ...]
+    tangent_vars: frozenset[core.Var]
 
 
 def eval_eqn(eqn: core.JaxprEqn, invals: Sequence[Any]) -> list[Any]:
@@ -129,6 +149,8 @@ def trace(
 
     Raises:
         TypeError: an argument leaf is not an array or scalar.
+        UnsupportedProgramError: the program holds an equation remat_opt cannot
+            plan through (see :func:`check_plannable`).
     """
     leaves_with_path, in_tree = jax.tree_util.tree_flatten_with_path((args, kwargs))
     specs = [_check_leaf(jax.tree_util.keystr(p), leaf) for p, leaf in leaves_with_path]
@@ -147,5 +169,172 @@ def trace(
         out_tree_box.append(out_tree)
         return leaves
 
-    closed = jax.make_jaxpr(flat_fn)(*specs)
-    return TracedProgram(flatten_jaxpr(closed), in_tree, out_tree_box[0], tuple(diff))
+    closed = flatten_jaxpr(jax.make_jaxpr(flat_fn)(*specs))
+    tangent_vars = check_plannable(closed, diff)
+    return TracedProgram(closed, in_tree, out_tree_box[0], tuple(diff), tangent_vars)
+
+
+# --- What the later stages cannot plan through ---------------------------------------
+
+# Higher-order primitives whose sub-jaxpr takes the equation's operands one to one.
+_INLINE_PARAMS = {**_CALL_PARAMS, **{name: "jaxpr" for name in _CHECKPOINT_PRIMITIVES}}
+# Differentiated by the user's rule, never through their body.
+_CUSTOM_RULE_PRIMITIVES = ("custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr")
+
+_WHILE_HINT = (
+    "A differentiated value flows through this lax.while_loop, and JAX cannot "
+    "reverse-differentiate lax.while_loop, or lax.fori_loop with dynamic start/stop "
+    "values (jax.grad raises ValueError on it too). Use lax.scan, or lax.fori_loop "
+    "with static (Python int) bounds: remat_opt traces every argument leaf, so bounds "
+    "passed as arguments are dynamic; close over them with functools.partial."
+)
+# Primitives whose JVP rule exists only to raise.
+_NO_DERIVATIVE = frozenset({"pure_callback"})
+
+
+def _source(eqn: core.JaxprEqn) -> str | None:
+    try:
+        return source_info_util.summarize(eqn.source_info) or None
+    except Exception:  # noqa: BLE001 - a location is a nicety, never worth failing over.
+        return None
+
+
+def _has_tangent(aval: Any) -> bool:
+    dtype = getattr(aval, "dtype", None)
+    return dtype is not None and jax.numpy.issubdtype(dtype, jax.numpy.inexact)
+
+
+def _as_open(jaxpr: Any) -> core.Jaxpr:
+    return jaxpr.jaxpr if isinstance(jaxpr, core.ClosedJaxpr) else jaxpr
+
+
+def _live_eqns(jaxpr: core.Jaxpr, live_out: Sequence[bool]) -> list[bool]:
+    """Per equation, whether it feeds a live output or has an effect."""
+    live = {v for v, keep in zip(jaxpr.outvars, live_out) if keep and isinstance(v, core.Var)}
+    flags = [False] * len(jaxpr.eqns)
+    for i in range(len(jaxpr.eqns) - 1, -1, -1):
+        eqn = jaxpr.eqns[i]
+        if eqn.effects or any(v in live for v in eqn.outvars):
+            flags[i] = True
+            live.update(v for v in eqn.invars if isinstance(v, core.Var))
+    return flags
+
+
+def _loop_tangents(
+    body: core.Jaxpr, consts: list[bool], carry: list[bool], xs: list[bool]
+) -> tuple[list[bool], list[bool]]:
+    """Carry and extensive-output tangents of a loop body (inputs: consts, carry, xs;
+    outputs: carry, ys) at their fixed point: a carry has a tangent from the first
+    iteration on that gives it one."""
+    carry = list(carry)
+    while True:
+        outs = _tangent_flow(body, [*consts, *carry, *xs], [True] * len(body.outvars))
+        new = [c or o for c, o in zip(carry, outs)]
+        if new == carry:
+            return carry, outs[len(carry):]
+        carry = new
+
+
+def _tangent_flow(jaxpr: core.Jaxpr, tangent_in: Sequence[bool], live_out: Sequence[bool]) -> list[bool]:
+    """Which outputs of ``jaxpr`` carry a nonzero tangent, as JAX's JVP propagates them."""
+    tangent = _tangents(jaxpr, tangent_in, live_out)
+    return [isinstance(v, core.Var) and tangent.get(v, False) for v in jaxpr.outvars]
+
+
+def _tangents(jaxpr: core.Jaxpr, tangent_in: Sequence[bool], live_out: Sequence[bool]) -> dict:
+    """Per variable of ``jaxpr``, whether it carries a nonzero tangent.
+
+    Raises :class:`UnsupportedProgramError` at the first live equation that a
+    tangent reaches and that reverse mode cannot go through.
+    """
+    tangent: dict = {v: t for v, t in zip(jaxpr.invars, tangent_in)}
+    live = _live_eqns(jaxpr, live_out)
+
+    def has(atom: Any) -> bool:
+        return isinstance(atom, core.Var) and tangent.get(atom, False)
+
+    for eqn, eqn_live in zip(jaxpr.eqns, live):
+        t_in = [has(v) for v in eqn.invars]
+        name = eqn.primitive.name
+        if not any(t_in) or name == "stop_gradient":
+            outs = [False] * len(eqn.outvars)
+        elif name == "while":
+            nc, nb = eqn.params["cond_nconsts"], eqn.params["body_nconsts"]
+            body = _as_open(eqn.params["body_jaxpr"])
+            outs, _ = _loop_tangents(body, t_in[nc : nc + nb], t_in[nc + nb :], [])
+            if eqn_live and any(outs):
+                raise UnsupportedProgramError(name, _source(eqn), _WHILE_HINT)
+        elif name == "scan":
+            n_consts, n_carry = eqn.params["num_consts"], eqn.params["num_carry"]
+            carry, ys = _loop_tangents(
+                _as_open(eqn.params["jaxpr"]),
+                t_in[:n_consts],
+                t_in[n_consts : n_consts + n_carry],
+                t_in[n_consts + n_carry :],
+            )
+            outs = [*carry, *ys]
+        elif name == "cond":
+            outs = [False] * len(eqn.outvars)
+            for branch in eqn.params["branches"]:
+                flows = _tangent_flow(_as_open(branch), t_in[1:], [True] * len(eqn.outvars))
+                outs = [a or b for a, b in zip(outs, flows)]
+        elif name in _INLINE_PARAMS and _INLINE_PARAMS[name] in eqn.params:
+            outs = _tangent_flow(_as_open(eqn.params[_INLINE_PARAMS[name]]), t_in, [True] * len(eqn.outvars))
+        elif name in _CUSTOM_RULE_PRIMITIVES or list(core.jaxprs_in_params(eqn.params)):
+            outs = [True] * len(eqn.outvars)
+        elif name in _NO_DERIVATIVE or eqn.primitive not in ad.primitive_jvps:
+            raise UnsupportedProgramError(
+                name,
+                _source(eqn),
+                f"A differentiated value flows into it, and JAX has no differentiation rule for "
+                f"{name!r} (jax.grad fails on it too). Wrap the call in jax.custom_jvp or "
+                "jax.custom_vjp with your own rule, or pass its input through jax.lax.stop_gradient.",
+            )
+        else:
+            outs = [True] * len(eqn.outvars)
+        for v, t in zip(eqn.outvars, outs):
+            tangent[v] = t and _has_tangent(v.aval)
+    return tangent
+
+
+def _effect_in_checkpoint(jaxpr: core.Jaxpr) -> core.JaxprEqn | None:
+    """The innermost equation with an effect ``jax.checkpoint`` does not allow."""
+    for eqn in jaxpr.eqns:
+        if not effects.remat_allowed_effects.filter_not_in(eqn.effects):
+            continue
+        for sub in core.jaxprs_in_params(eqn.params):
+            inner = _effect_in_checkpoint(_as_open(sub))
+            if inner is not None:
+                return inner
+        return eqn
+    return None
+
+
+def check_plannable(closed: core.ClosedJaxpr, differentiable: Sequence[bool]) -> frozenset[core.Var]:
+    """Raises if the later stages cannot turn the program into a correct checkpointed step.
+
+    Args:
+        closed: the flat program from :func:`flatten_jaxpr`.
+        differentiable: per flat input, whether it is differentiated.
+
+    Returns:
+        The variables of ``closed`` that carry a nonzero tangent.
+
+    Raises:
+        UnsupportedProgramError: naming the primitive and the user's source line, when
+            a differentiated value reaches a ``while`` loop or a primitive without a JVP
+            rule, or an equation has an effect ``jax.checkpoint`` cannot hold.
+    """
+    jaxpr = closed.jaxpr
+    eqn = _effect_in_checkpoint(jaxpr)
+    if eqn is not None:
+        names = ", ".join(sorted({type(e).__name__ for e in eqn.effects}))
+        raise UnsupportedProgramError(
+            eqn.primitive.name,
+            _source(eqn),
+            f"It has side effects ({names}) that JAX does not allow inside jax.checkpoint, and "
+            "remat_opt runs every equation inside one. Move the call out of the function "
+            "passed to remat_opt.optimize.",
+        )
+    tangent = _tangents(jaxpr, list(differentiable), [True] * len(jaxpr.outvars))
+    return frozenset(v for v, t in tangent.items() if t)

@@ -1,0 +1,408 @@
+"""Real JAX program constructs under ``remat_opt.optimize``.
+
+Each test runs one small program through the whole pipeline at a budget below
+its plain peak and checks the plan against independent answers: gradients
+against plain ``jax.grad`` (which uses the user's custom rules), XLA's peak
+against the budget, and the plan's measured peak against a fresh compile of
+the returned step. A construct remat_opt cannot plan through must raise a clear
+``UnsupportedProgramError`` naming the primitive and the user's line, never
+return a wrong gradient.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from jax.experimental import io_callback
+
+import remat_opt
+from remat_opt import InfeasibleBudgetError, UnsupportedProgramError, peak_bytes
+from remat_opt._measure import memory_of
+from remat_opt._trace import trace
+
+FAST = remat_opt.SolverOptions(time_limit_s=10.0, deterministic_time_limit=1.0, num_workers=2)
+ATTEMPTS = 2  # these tests are about program constructs, not about the retry loop
+WIDTH, BATCH = 32, 256
+
+
+def weights(n: int, seed: int = 0) -> list[jax.Array]:
+    key = jax.random.PRNGKey(seed)
+    return [jax.random.normal(jax.random.fold_in(key, i), (WIDTH, WIDTH)) / 6 for i in range(n)]
+
+
+def inputs(seed: int = 1) -> jax.Array:
+    return jax.random.normal(jax.random.PRNGKey(seed), (BATCH, WIDTH))
+
+
+def mlp(ws, x, act=jnp.tanh):
+    for w in ws:
+        x = act(x @ w)
+    return x
+
+
+def assert_tree_close(got, want, rtol=1e-5, atol=1e-6):
+    got_leaves, want_leaves = jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)
+    assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(want)
+    for g, w in zip(got_leaves, want_leaves):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(w, np.float32), rtol=rtol, atol=atol)
+
+
+def optimize_and_check(fn, args, *, frac=0.85, argnums=0, kwargs=None, more_args=(), rtol=1e-5, atol=1e-6):
+    """Plans ``fn`` at ``frac`` of its plain peak and checks budget, peak and gradients.
+
+    The gradients are checked on ``args`` and on every argument tuple in ``more_args``
+    (same shapes and dtypes, so the same plan and the same compiled step).
+
+    Returns:
+        The plan and the step's gradients on ``args``.
+    """
+    kwargs = kwargs or {}
+    plain = peak_bytes(fn, *args, argnums=argnums, **kwargs)
+    budget = int(plain * frac)
+    step = remat_opt.optimize(fn, budget, argnums=argnums, solver_options=FAST, max_attempts=ATTEMPTS)
+    plan = step.plan(*args, **kwargs)
+    assert plan.plain_peak_bytes == plain
+    assert plan.measured_peak_bytes <= budget < plain, str(plan)
+    assert plan.status in ("OPTIMAL", "FEASIBLE") and plan.num_segments > 1, str(plan)
+    # One compile of the returned step: its XLA peak is the plan's, and it runs.
+    compiled = jax.jit(jax.value_and_grad(step, argnums=argnums)).lower(*args, **kwargs).compile()
+    assert memory_of(compiled) == plan.measured_peak_bytes
+    reference = jax.jit(jax.value_and_grad(fn, argnums=argnums))
+    for call_args in reversed((args, *more_args)):
+        value, grads = compiled(*call_args, **kwargs)
+        want_value, want_grads = reference(*call_args, **kwargs)
+        assert_tree_close(value, want_value, rtol, atol)
+        assert_tree_close(grads, want_grads, rtol, atol)
+    return plan, grads
+
+
+def line_of(fn, text: str) -> int:
+    """The file line of the first source line of ``fn`` that contains ``text``."""
+    lines, first = inspect.getsourcelines(fn)
+    return first + next(i for i, line in enumerate(lines) if text in line)
+
+
+def assert_names_line(err: UnsupportedProgramError, primitive: str, fn, text: str) -> None:
+    assert err.primitive == primitive
+    assert f"{primitive!r}" in str(err)
+    where = rf"{re.escape(Path(__file__).name)}:{line_of(fn, text)}\b"
+    assert err.source is not None and re.search(where, err.source), err.source
+    assert err.source in str(err)
+
+
+# --- Control flow ----------------------------------------------------------------------
+
+
+def test_cond_and_switch_plan_for_the_worst_branch():
+    def loss(ws, x, index):
+        for i, w in enumerate(ws):
+            h = jnp.tanh(x @ w)
+            if i % 2:
+                x = lax.cond(jnp.sum(h) > 0, lambda h: jnp.sin(h) * h, lambda h: jnp.cos(h @ w), h)
+            else:
+                x = lax.switch(index, [jnp.sin, lambda h: h * h, lambda h: jnp.tanh(h @ w)], h)
+        return jnp.mean(x**2)
+
+    ws, x = weights(6), inputs()
+    # The index is traced: one plan serves every branch, and each runs correctly.
+    plan, _ = optimize_and_check(loss, (ws, x, jnp.int32(0)), more_args=[(ws, -x, jnp.int32(2))])
+    assert any(d["primitive"] == "cond" for _, d in plan.graph.nodes(data=True))
+
+
+def test_fori_loop_with_static_bounds_lowers_to_scan():
+    def loss(ws, x):
+        x = mlp(ws[:3], x)
+        x = lax.fori_loop(0, 3, lambda i, c: jnp.tanh(c @ ws[3] + i), x)
+        return jnp.mean(mlp(ws[4:], x) ** 2)
+
+    assert "scan" in str(jax.make_jaxpr(loss)(weights(7), inputs()))
+    optimize_and_check(loss, (weights(7), inputs()), frac=0.9)
+
+
+@pytest.mark.parametrize("remat_body", [False, True], ids=["plain_body", "checkpointed_body"])
+def test_scan_over_stacked_layers_is_one_unit(remat_body):
+    def layer(c, w):
+        return jnp.tanh(c @ w), None
+
+    body = jax.checkpoint(layer) if remat_body else layer
+
+    def loss(ws, stack, x):
+        x = mlp(ws[:4], x)
+        x, _ = lax.scan(body, x, stack)
+        return jnp.mean(mlp(ws[4:], x) ** 2)
+
+    ws, stack = weights(8), jnp.stack(weights(3, seed=2))
+    optimize_and_check(loss, (ws, stack, inputs()), frac=0.9, argnums=(0, 1))
+
+
+def test_tangent_flow_matches_jax_on_the_off_path_loops():
+    # The planner's view of which values carry a tangent, against JAX's own jvp.
+    def loss(ws, x):
+        steps = lax.while_loop(lambda n: n * n < 10, lambda n: n + 1, 0)
+        halve = lambda c: (c[0] + 1, c[1] * 0.5)  # noqa: E731
+        shift = lax.while_loop(lambda c: c[0] < 2, halve, (0, lax.stop_gradient(x)))[1]
+        return jnp.mean(mlp(ws, shift) ** 2) * steps
+
+    ws, x = weights(2), inputs()
+    traced = trace(loss, (ws, x), {}, (0, 1))
+    whiles = [e for e in traced.jaxpr.jaxpr.eqns if e.primitive.name == "while"]
+    assert len(whiles) == 2
+    assert not any(v in traced.tangent_vars for e in whiles for v in e.outvars)
+    assert set(traced.jaxpr.jaxpr.invars) <= traced.tangent_vars
+    assert traced.jaxpr.jaxpr.outvars[0] in traced.tangent_vars
+    # JAX agrees: the loops contribute nothing to the gradient with respect to x.
+    gx = jax.grad(loss, argnums=1)(ws, x)
+    assert float(jnp.max(jnp.abs(gx))) == 0.0
+
+
+def test_scan_only_program_min_budget_is_at_most_plain_peak():
+    # The planner cannot improve on a lone scan; the budget it names must still be one
+    # that works, and the program as written is a plan that reaches its plain peak.
+    def loss(stack, x):
+        x, _ = lax.scan(lambda c, w: (jnp.tanh(c @ w), None), x, stack)
+        return jnp.mean(x**2)
+
+    stack, x = jnp.stack(weights(4)), inputs()
+    plain = peak_bytes(loss, stack, x)
+    with pytest.raises(InfeasibleBudgetError) as info:
+        remat_opt.optimize(loss, int(plain * 0.8), solver_options=FAST).plan(stack, x)
+    assert info.value.min_budget_bytes <= plain
+
+
+def test_while_loop_on_differentiated_values_is_a_clear_error():
+    def loss(ws, x):
+        _, x = lax.while_loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, jnp.tanh(c[1] @ ws[0])), (0, x))
+        return jnp.mean(x**2)
+
+    ws, x = weights(2), inputs()
+    with pytest.raises(ValueError, match="while_loop"):  # what plain jax.grad says
+        jax.grad(loss)(ws, x)
+    with pytest.raises(UnsupportedProgramError) as info:
+        remat_opt.optimize(loss, 10**6, solver_options=FAST).plan(ws, x)
+    assert_names_line(info.value, "while", loss, "lax.while_loop(")
+    assert "lax.scan" in str(info.value)
+    assert isinstance(info.value, NotImplementedError)
+
+
+def test_while_loop_off_the_differentiated_path_is_planned():
+    def loss(ws, x):
+        steps = lax.while_loop(lambda n: n * n < 10, lambda n: n + 1, 0)  # integer loop
+        halve = lambda c: (c[0] + 1, c[1] * 0.5)  # noqa: E731
+        shift = lax.while_loop(lambda c: c[0] < 2, halve, (0, lax.stop_gradient(x)))[1]
+        return jnp.mean(mlp(ws, x + shift) ** 2) * steps
+
+    optimize_and_check(loss, (weights(8), inputs()))
+
+
+# --- Custom differentiation rules ------------------------------------------------------
+
+
+@jax.custom_jvp
+def sin_with_doubled_rule(x):
+    return jnp.sin(x)
+
+
+@sin_with_doubled_rule.defjvp
+def _sin_jvp(primals, tangents):
+    (x,), (t,) = primals, tangents
+    return jnp.sin(x), 2.0 * jnp.cos(x) * t  # deliberately not the body's derivative
+
+
+@jax.custom_vjp
+def clip_gradient(x):
+    return x
+
+
+clip_gradient.defvjp(lambda x: (x, None), lambda _, g: (jnp.clip(g, -1e-4, 1e-4),))
+
+
+def make_nn_loss(relu):
+    def loss(ws, x):
+        x = relu(x @ ws[0])
+        x = jax.nn.gelu(x @ ws[1])
+        x = relu(x @ ws[2])
+        x = jax.nn.softmax(x @ ws[3], axis=-1) * WIDTH
+        x = jax.nn.gelu(x @ ws[4], approximate=False)
+        return jnp.mean(jax.nn.logsumexp(x @ ws[5], axis=-1))
+
+    return loss
+
+
+def test_jax_nn_functions_keep_their_rules():
+    # jax.nn.relu is a custom_jvp whose derivative at 0 is 0; jnp.maximum's is 1/2.
+    # In jax 0.10.2 gelu, softmax and logsumexp are plain primitives (with stop_gradient).
+    loss = make_nn_loss(jax.nn.relu)
+    ws, x = weights(6), inputs()
+    ws[0] = ws[0].at[:, :4].set(0.0)  # exact zeros into the first relu
+    assert "custom_jvp_call" in str(jax.make_jaxpr(loss)(ws, x))
+    by_max = jax.grad(make_nn_loss(lambda h: jnp.maximum(h, 0.0)))(ws, x)
+    assert float(jnp.max(jnp.abs(jax.grad(loss)(ws, x)[0] - by_max[0]))) > 1e-6
+    optimize_and_check(loss, (ws, x))
+
+
+def test_user_custom_jvp_and_custom_vjp_rules_are_kept():
+    def loss(ws, x):
+        for i, w in enumerate(ws):
+            x = jnp.tanh(x @ w)
+            x = sin_with_doubled_rule(x) if i % 2 else clip_gradient(x)
+        return jnp.sum(x**2)
+
+    def without_rules(ws, x):
+        for i, w in enumerate(ws):
+            x = jnp.tanh(x @ w)
+            x = jnp.sin(x) if i % 2 else x
+        return jnp.sum(x**2)
+
+    ws, x = weights(6), inputs()
+    # The rules matter: a planner that differentiated through their bodies would fail below.
+    rules, bodies = jax.grad(loss)(ws, x), jax.grad(without_rules)(ws, x)
+    assert max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(rules, bodies)) > 1e-3
+    optimize_and_check(loss, (ws, x))
+
+
+# --- Structure the user already wrote ---------------------------------------------------
+
+
+def test_nested_jit_named_call_named_scope_and_user_checkpoint():
+    @jax.jit
+    def layer(w, x):
+        return jnp.tanh(x @ w)
+
+    @jax.jit
+    def block(ws, x):
+        return layer(ws[1], jax.named_call(layer, name="inner")(ws[0], x))
+
+    def loss(ws, x):
+        with jax.named_scope("encoder"):
+            x = block(ws[:2], x)
+            x = block(ws[2:4], x)
+        x = jax.checkpoint(lambda w, x: jnp.sin(layer(w, x)))(ws[4], x)
+        x = jax.checkpoint(block, policy=jax.checkpoint_policies.dots_saveable)(ws[5:7], x)
+        x = jax.named_call(layer, name="head")(ws[7], x)
+        return jnp.mean(x**2)
+
+    optimize_and_check(loss, (weights(8), inputs()))
+
+
+# --- Dtypes and argument structure -------------------------------------------------------
+
+
+def test_bf16_activations_with_f32_params():
+    def loss(ws, x):
+        x = x.astype(jnp.bfloat16)
+        for w in ws:
+            x = jnp.tanh(x @ w.astype(jnp.bfloat16))
+        return jnp.mean(x.astype(jnp.float32) ** 2)
+
+    ws, x = weights(6), inputs()
+    # The gradients are f32 (the params' dtype), computed in bf16: loosened tolerance.
+    plan, _ = optimize_and_check(loss, (ws, x), rtol=1e-2, atol=1e-4)
+    assert "bfloat16" in {d["dtype"] for _, d in plan.graph.nodes(data=True)}
+
+
+def test_integer_and_boolean_inputs_are_not_differentiated():
+    def loss(ws, x, labels, *, mask):
+        logp = jax.nn.log_softmax(mlp(ws, x), axis=-1)
+        picked = jnp.take_along_axis(logp, labels[:, None], axis=-1)[:, 0]
+        return -jnp.sum(jnp.where(mask, picked, 0.0)) / jnp.maximum(jnp.sum(mask), 1)
+
+    key = jax.random.PRNGKey(3)
+    labels = jax.random.randint(key, (BATCH,), 0, WIDTH)
+    mask = jax.random.bernoulli(key, 0.7, (BATCH,))
+    optimize_and_check(loss, (weights(6), inputs(), labels), kwargs={"mask": mask})
+
+
+@jax.tree_util.register_dataclass
+@dataclass
+class Dense:
+    w: jax.Array
+    b: jax.Array
+
+
+class Pair(NamedTuple):
+    first: jax.Array
+    second: jax.Array
+
+
+def test_params_as_dict_list_dataclass_and_namedtuple_with_two_argnums():
+    ws = weights(8)
+    params = {
+        "embed": {"w": ws[0]},
+        "layers": [ws[1], ws[2], ws[3], ws[4]],
+        "dense": Dense(ws[5], jnp.zeros(WIDTH)),
+        "pair": Pair(ws[6], ws[7]),
+    }
+
+    def loss(params, x):
+        x = jnp.tanh(x @ params["embed"]["w"])
+        x = mlp(params["layers"], x)
+        x = jnp.tanh(x @ params["dense"].w + params["dense"].b)
+        x = mlp(params["pair"], x)
+        return jnp.mean(x**2)
+
+    _, (grad_params, _) = optimize_and_check(loss, (params, inputs()), argnums=(0, 1))
+    assert isinstance(grad_params["dense"], Dense) and isinstance(grad_params["pair"], Pair)
+
+
+def test_loss_with_aux_under_value_and_grad_has_aux():
+    def loss(ws, x):
+        y = mlp(ws, x)
+        return jnp.mean(y**2), {"mean": jnp.mean(y), "first_rows": y[:2]}
+
+    ws, x = weights(8), inputs()
+    plain = peak_bytes(loss, ws, x, has_aux=True)
+    step = remat_opt.optimize(loss, int(plain * 0.85), has_aux=True, solver_options=FAST)
+    plan = step.plan(ws, x)
+    assert plan.measured_peak_bytes <= plan.budget_bytes < plain
+    got = jax.jit(jax.value_and_grad(step, has_aux=True))(ws, x)
+    assert_tree_close(got, jax.value_and_grad(loss, has_aux=True)(ws, x))
+
+
+def test_dropout_with_a_prng_key_argument():
+    def loss(ws, x, key):
+        for i, w in enumerate(ws):
+            x = jnp.tanh(x @ w)
+            keep = jax.random.bernoulli(jax.random.fold_in(key, i), 0.9, x.shape)
+            x = jnp.where(keep, x / 0.9, 0.0)
+        return jnp.mean(x**2)
+
+    # A raw uint32 key: jax.random wraps it into a key-typed value inside the loss.
+    optimize_and_check(loss, (weights(6), inputs(), jax.random.PRNGKey(0)))
+
+
+# --- What remat_opt refuses -------------------------------------------------------------
+
+
+def test_effects_jax_checkpoint_cannot_hold_are_a_clear_error():
+    def loss(ws, x):
+        zeros = io_callback(np.zeros_like, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+        return jnp.mean(mlp(ws, x + zeros) ** 2)
+
+    ws, x = weights(2), inputs()
+    jax.grad(loss)(ws, x)  # plain JAX differentiates it
+    with pytest.raises(UnsupportedProgramError) as info:
+        remat_opt.optimize(loss, 10**6, solver_options=FAST).plan(ws, x)
+    assert_names_line(info.value, "io_callback", loss, "io_callback(")
+
+
+def test_primitive_without_a_derivative_is_a_clear_error():
+    def loss(ws, x):
+        y = jax.pure_callback(np.tanh, jax.ShapeDtypeStruct(x.shape, x.dtype), mlp(ws, x))
+        return jnp.mean(y**2)
+
+    ws, x = weights(2), inputs()
+    with pytest.raises(ValueError, match="JVP"):  # plain jax.grad refuses it too
+        jax.grad(loss)(ws, x)
+    with pytest.raises(UnsupportedProgramError) as info:
+        remat_opt.optimize(loss, 10**6, solver_options=FAST).plan(ws, x)
+    assert_names_line(info.value, "pure_callback", loss, "jax.pure_callback(")
