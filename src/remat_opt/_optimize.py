@@ -27,7 +27,7 @@ from ._measure import abstract, gradient_flops, peak_bytes
 from ._memory import Schedule, Simulation, simulate
 from ._plan import Plan
 from ._rewrite import rewrite
-from ._solve import SolverOptions, min_peak_schedule, solve
+from ._solve import SolverOptions, low_memory_schedules, min_peak_schedule, solve
 from ._trace import normalize_argnums, trace
 
 
@@ -93,6 +93,7 @@ class OptimizedFunction:
         solver_options: SolverOptions,
         max_attempts: int,
         cost_model: CostModel | None,
+        has_aux: bool = False,
     ):
         self.fn = fn
         self.budget_bytes = budget_bytes
@@ -100,8 +101,12 @@ class OptimizedFunction:
         self.solver_options = solver_options
         self.max_attempts = max_attempts
         self.cost_model = cost_model
+        self.has_aux = has_aux
         self._cache: dict[_Signature, tuple[Plan, Callable[..., Any]]] = {}
         functools.update_wrapper(self, fn)
+
+    FALLBACK_CANDIDATES = 4
+    """Lowest-memory schedules measured on XLA before a budget is declared out of reach."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         _, program = self._planned(args, kwargs)
@@ -124,9 +129,9 @@ class OptimizedFunction:
         nums = argnums if len(argnums) > 1 else argnums[0]
 
         def measure(f: Callable[..., Any]) -> int:
-            return peak_bytes(f, *args, argnums=nums, **kwargs)
+            return peak_bytes(f, *args, argnums=nums, has_aux=self.has_aux, **kwargs)
 
-        baseline_flops = gradient_flops(self.fn, args, kwargs, nums, self.cost_model)
+        baseline_flops = gradient_flops(self.fn, args, kwargs, nums, self.cost_model, self.has_aux)
         plain_peak = measure(self.fn)
         budget = self.budget_bytes
         if budget >= plain_peak:
@@ -152,13 +157,20 @@ class OptimizedFunction:
                                     nums, baseline_flops, solution.status, solution.gap, solve_seconds, attempt)
             target -= measured - budget
         # XLA kept measuring the model's plans over budget, or the model found
-        # none under the tightened target: the lowest-memory schedule may still
-        # fit. It recomputes more than needed, and its gap says by how much.
-        schedule = lowest or min_peak_schedule(graph, self.solver_options)
-        program = apply_schedule(self.fn, graph, schedule)
-        measured = measure(program)
-        if measured > budget:
-            raise self._infeasible(graph, schedule, measured)
+        # none under the tightened target: one of the lowest-memory schedules
+        # may still fit (the model ranks them within a few percent of each
+        # other, XLA decides). The cheapest that fits is taken; it recomputes
+        # more than needed, and its gap says by how much.
+        lowest = lowest or min_peak_schedule(graph, self.solver_options)
+        tried = []
+        for candidate in low_memory_schedules(graph, lowest, self.FALLBACK_CANDIDATES):
+            program = apply_schedule(self.fn, graph, candidate)
+            tried.append((measure(program), simulate(graph, candidate).recompute_flops, candidate, program))
+        fitting = [t for t in tried if t[0] <= budget]
+        if not fitting:
+            measured, _, schedule, _ = min(tried, key=lambda t: t[:2])
+            raise self._infeasible(graph, schedule, measured, plain_peak)
+        measured, _, schedule, program = min(fitting, key=lambda t: t[1])
         sim = simulate(graph, schedule)
         gap = max(0.0, (sim.recompute_flops - bound) / sim.recompute_flops) if sim.recompute_flops else 0.0
         return self._finish(graph, sim, schedule, measured, plain_peak, program, args, kwargs, nums,
@@ -167,18 +179,23 @@ class OptimizedFunction:
     def _finish(self, graph: ProgramGraph, sim: Simulation, schedule: Schedule, measured: int, plain_peak: int,
                 program: Callable[..., Any], args: tuple, kwargs: dict, nums: Any, baseline_flops: int,
                 status: str, gap: float, solve_seconds: float, attempts: int) -> tuple[Plan, Callable[..., Any]]:
-        measured_flops = gradient_flops(program, args, kwargs, nums, self.cost_model) - baseline_flops
+        measured_flops = gradient_flops(program, args, kwargs, nums, self.cost_model, self.has_aux) - baseline_flops
         plan = self._plan(graph, sim, schedule, measured, plain_peak, measured_flops, baseline_flops,
                           status, gap, solve_seconds, attempts)
         return plan, program
 
-    def _infeasible(self, graph: ProgramGraph, schedule: Schedule, measured: int) -> InfeasibleBudgetError:
+    def _infeasible(
+        self, graph: ProgramGraph, schedule: Schedule, measured: int, plain_peak: int
+    ) -> InfeasibleBudgetError:
         """The error for a budget below reach: the lowest-memory plan's peak on XLA
-        is the budget that works (XLA is the judge, not the model)."""
+        is the budget that works (XLA is the judge, not the model), unless the
+        program as written peaks lower (remat cannot help it)."""
         predicted = simulate(graph, schedule).peak_bytes
         detail = (f"(XLA measured {measured:,} bytes for the lowest-memory plan; "
                   f"the model predicted {predicted:,}.)")
-        return InfeasibleBudgetError(self.budget_bytes, measured, detail=detail, schedule=schedule)
+        if plain_peak < measured:
+            detail += f" The program as written peaks lower, at {plain_peak:,} bytes."
+        return InfeasibleBudgetError(self.budget_bytes, min(measured, plain_peak), detail=detail, schedule=schedule)
 
     def _plan(self, graph: ProgramGraph, sim: Simulation, schedule: Schedule, measured: int,
               plain_peak: int, measured_flops: int | None, baseline_flops: int, status: str,
@@ -209,6 +226,7 @@ def optimize(
     solver_options: SolverOptions | None = None,
     max_attempts: int = 4,
     cost_model: CostModel | None = None,
+    has_aux: bool = False,
 ) -> OptimizedFunction:
     """Places gradient checkpoints in ``fn`` so its gradient step fits ``budget_bytes``.
 
@@ -221,6 +239,8 @@ def optimize(
         solver_options: CP-SAT settings (time limit, workers, seed).
         max_attempts: solves allowed until XLA confirms the budget.
         cost_model: FLOPs per equation; the default counts dots and convs exactly.
+        has_aux: ``fn`` returns ``(loss, aux)`` (as in ``jax.grad``); the step
+            returns the same pair, for ``jax.value_and_grad(step, has_aux=True)``.
 
     Returns:
         An :class:`OptimizedFunction` with ``fn``'s signature and values.
@@ -248,4 +268,7 @@ def optimize(
         raise TypeError(f"solver_options must be a remat_opt.SolverOptions; got {type(solver_options).__name__}.")
     if isinstance(argnums, bool) or not isinstance(argnums, (int, tuple, list)):
         raise TypeError(f"argnums must be an int or a tuple of ints; got {argnums!r}.")
-    return OptimizedFunction(fn, budget, argnums, solver_options or SolverOptions(), max_attempts, cost_model)
+    if not isinstance(has_aux, bool):
+        raise TypeError(f"has_aux must be a bool; got {has_aux!r}.")
+    return OptimizedFunction(fn, budget, argnums, solver_options or SolverOptions(), max_attempts, cost_model,
+                             has_aux)

@@ -303,6 +303,17 @@ def min_peak_schedule(graph: ProgramGraph, options: SolverOptions = SolverOption
     return min((found, best_start), key=lambda s: simulate(graph, s).peak_bytes)
 
 
+def low_memory_schedules(graph: ProgramGraph, lowest: Schedule, count: int) -> list[Schedule]:
+    """``lowest`` and the Chen segmentations nearest to it in predicted peak, distinct.
+
+    The model ranks them; XLA's fusion can reorder schedules whose predicted
+    peaks are a few percent apart, so a caller measures them all.
+    """
+    starts = [chen_sqrt_n_schedule(graph)] + [s for _, s in chen_greedy_candidates(graph)]
+    ranked = sorted(set(starts) - {lowest}, key=lambda s: (simulate(graph, s).peak_bytes, sorted(s.cuts)))
+    return [lowest, *ranked[: max(0, count - 1)]]
+
+
 def solve(graph: ProgramGraph, budget_bytes: int, options: SolverOptions = SolverOptions()) -> Solution:
     """Minimum-recompute schedule whose predicted peak fits ``budget_bytes``.
 
