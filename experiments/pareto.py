@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         config = QUICK_CONFIGS[name] if args.quick else MODELS[name].default_config
         rows += run_model(name, config, budgets, policies, options, args.time)
-    write_csv(args.out / "pareto.csv", rows, header)
+        write_csv(args.out / "pareto.csv", rows, header)  # after each model: a long run keeps what it did
     wins = dominance(rows)
     write_csv(args.out / "pareto_dominance.csv", wins, header)
     plot(rows, args.out / "pareto.png", header)
