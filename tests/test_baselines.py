@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 import remat_opt
-from remat_opt import Schedule
+from remat_opt import Schedule, peak_bytes
 from remat_opt._baselines import POLICIES
 from remat_opt._chen import articulation_positions, chen_greedy_schedule, chen_sqrt_n_schedule
 from remat_opt._graph import build_graph
 from remat_opt._measure import gradient_flops, memory_of
-from remat_opt._memory import simulate
+from remat_opt._memory import calibrate, simulate
 from remat_opt._optimize import apply_schedule
 from remat_opt._trace import trace
 from remat_opt.zoo import MODELS, GPTConfig
@@ -36,8 +36,9 @@ def gpt():
 
 @pytest.fixture(scope="module")
 def graph(gpt):
+    """The program graph, calibrated on XLA's plain peak as every strategy's is."""
     loss, params, batch = gpt
-    return build_graph(trace(loss, (params, batch), {}, (0,)))
+    return calibrate(build_graph(trace(loss, (params, batch), {}, (0,))), peak_bytes(loss, params, batch))
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,11 @@ import numpy as np
 import pytest
 
 import remat_opt
-from remat_opt import InfeasibleBudgetError, peak_bytes
+from remat_opt import InfeasibleBudgetError, Schedule, peak_bytes
+from remat_opt._graph import build_graph
+from remat_opt._measure import abstract
+from remat_opt._memory import calibrate, simulate
+from remat_opt._trace import trace
 
 
 
@@ -145,3 +149,13 @@ def test_bad_call_arguments_raise_typed_errors(small_mlp):
         remat_opt.optimize(fn, "1GiB", argnums=5).plan(params, x)
     with pytest.raises(TypeError, match="not an array"):
         remat_opt.optimize(fn, "1GiB").plan(params, "not an array")
+
+
+def test_calibration_fits_the_plain_peak(small_gpt):
+    loss, params, batch = small_gpt
+    plain = peak_bytes(loss, params, batch)
+    graph = build_graph(trace(loss, abstract((params, batch)), {}, (0,)))
+    calibrated = calibrate(graph, plain)
+    assert calibrated.plain_storage_scale != 1.0  # the model alone is off on this GPT
+    predicted = simulate(calibrated, Schedule(plain=True)).peak_bytes
+    assert abs(predicted - plain) <= 0.005 * plain

@@ -46,7 +46,7 @@ from ._budget import parse_bytes
 from ._cost import CostModel
 from ._graph import ProgramGraph, build_graph
 from ._measure import abstract, gradient_flops, peak_bytes
-from ._memory import Schedule, simulate
+from ._memory import Schedule, calibrate, simulate
 from ._chen import (
     chen_greedy_candidates,
     chen_sqrt_n_schedule,
@@ -148,7 +148,8 @@ def _reference(
     args, kwargs = abstract(tuple(args)), abstract(dict(kwargs))
     nums_t = normalize_argnums(argnums, len(args))
     nums = nums_t if len(nums_t) > 1 else nums_t[0]
-    graph = build_graph(trace(fn, args, kwargs, nums_t), cost_model)
+    plain_peak = peak_bytes(fn, *args, argnums=nums, **kwargs)
+    graph = calibrate(build_graph(trace(fn, args, kwargs, nums_t), cost_model), plain_peak)
     return _Reference(
         fn=fn,
         args=args,
@@ -157,7 +158,7 @@ def _reference(
         budget_bytes=budget,
         cost_model=cost_model,
         graph=graph,
-        plain_peak_bytes=peak_bytes(fn, *args, argnums=nums, **kwargs),
+        plain_peak_bytes=plain_peak,
         baseline_flops=gradient_flops(fn, args, kwargs, nums, cost_model),
     )
 

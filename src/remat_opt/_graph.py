@@ -99,6 +99,10 @@ class ProgramGraph:
         input_readers: per flat program input, the units that read it.
         transposed: per node id, a value XLA stores in a transposed layout
             (made by a ``transpose``, or by cheap elementwise work on one).
+        plain_storage_scale: bytes XLA keeps per byte of residual the model
+            stores for code that runs as written (the last segment, or the
+            whole plain program); 1 until calibrated against XLA
+            (:func:`remat_opt._memory.calibrate`).
     """
 
     traced: TracedProgram
@@ -120,6 +124,7 @@ class ProgramGraph:
     input_labels: tuple[str, ...] = ()
     input_readers: tuple[tuple[int, ...], ...] = ()
     transposed: tuple[bool, ...] = ()
+    plain_storage_scale: float = 1.0
 
     @property
     def num_nodes(self) -> int:

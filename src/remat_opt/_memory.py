@@ -12,7 +12,11 @@ fenced so that it starts only once its cotangent exists. Inside a segment's
 backward every recomputed residual is materialized at once, then transposed.
 The peak during the backward of segment J is
 
-    inputs + outputs                       (arguments, primal outputs, gradients)
+    inputs + outputs                       (arguments, primal outputs, gradients: all
+                                            of them, though XLA writes a gradient only
+                                            when it is computed; the slack stands in
+                                            for XLA's heap fragmentation, which the
+                                            model does not simulate)
   + stored values live at J                (saved names of segments <= J, boundary
                                             values whose first reader outside their
                                             own segment is in a segment <= J)
@@ -30,11 +34,15 @@ The last segment is always plain: its backward runs right after its forward,
 so recomputing it would hold the same residuals at the same moment and only
 cost FLOPs (and XLA:CPU merges such a recomputation back into the forward by
 CSE when it can). Its residuals are stored from where they are computed and
-count in its own peak only; the rewriter runs it unwrapped.
+count in its own peak only; the rewriter runs it unwrapped. Code that runs as
+written is where XLA's fusion strays furthest from the model, so those bytes
+are scaled by a factor fitted to XLA's peak for the plain program
+(:func:`calibrate`, measured by every ``optimize`` call anyway).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from ._graph import ProgramGraph
@@ -125,6 +133,39 @@ def relayout_bytes(graph: ProgramGraph, schedule: Schedule, seg_of: tuple[int, .
     return total
 
 
+def tail_extra_bytes(graph: ProgramGraph, buffer: int) -> int:
+    """What XLA keeps beyond the model for one residual buffer of code run as
+    written (see :func:`calibrate`); 0 on an uncalibrated graph."""
+    return round((graph.plain_storage_scale - 1.0) * graph.node_bytes[buffer])
+
+
+def calibrate(graph: ProgramGraph, plain_peak_bytes: int) -> ProgramGraph:
+    """The graph with its plain-storage scale fitted to XLA's peak for the plain program.
+
+    Code that runs as written (the plain program, and every plan's last
+    segment) is where XLA's fusion differs most from the model: it keeps the
+    operands of cheap values it fuses into their readers (the attention
+    scores behind a softmax, the matmul outputs behind a residual stream) on
+    top of the residuals. Measuring the plain program is part of every plan
+    anyway; its error, spread over the residual bytes the model stores for
+    it, scales those bytes wherever code runs as written. Clamped to [0.5, 2].
+
+    Args:
+        graph: the program graph (uncalibrated).
+        plain_peak_bytes: XLA's peak for the program as written.
+
+    Returns:
+        ``graph`` with ``plain_storage_scale`` set.
+    """
+    graph = dataclasses.replace(graph, plain_storage_scale=1.0)
+    sim = simulate(graph, Schedule(plain=True))
+    stored = sum(graph.node_bytes[b] for b in {graph.buffer[v] for v in sim.stored_nodes} if b >= 0)
+    if stored == 0:
+        return graph
+    scale = 1.0 + (plain_peak_bytes - sim.peak_bytes) / stored
+    return dataclasses.replace(graph, plain_storage_scale=min(2.0, max(0.5, scale)))
+
+
 def boundary_cotangent_bytes(graph: ProgramGraph, cut: int) -> int:
     """Cotangent bytes live across the boundary before position ``cut``."""
     return graph.crossing_bytes(cut) if cut < graph.num_positions else 0
@@ -179,6 +220,11 @@ def simulate(graph: ProgramGraph, schedule: Schedule) -> Simulation:
         """Bytes of the distinct buffers behind ``nodes`` (aliases counted once)."""
         return sum(graph.node_bytes[b] for b in {graph.buffer[v] for v in nodes} if b >= 0)
 
+    tail_buffers = {
+        b for b in {graph.buffer[v] for v in range(graph.num_nodes)
+                    if graph.residual[v] and materialized(graph, v) and not graph.is_output[v]}
+        if b >= 0 and node_seg[b] == last
+    }
     base = graph.input_bytes + graph.output_bytes
     kept = kept_buffers(graph)
     seg_end = [max(p for p in range(graph.num_positions) if seg_of[p] == j) for j in range(num_segments)]
@@ -188,6 +234,8 @@ def simulate(graph: ProgramGraph, schedule: Schedule) -> Simulation:
         stored = buffer_bytes(stored_nodes)
         rematerialized = sum(remat_bytes(graph, u, kept) for u in recomputed if seg_of[units[u].position] == j)
         rematerialized += relayout_bytes(graph, schedule, seg_of, j)
+        if j == last:
+            rematerialized += sum(tail_extra_bytes(graph, b) for b in tail_buffers)
         transient = max((transient_bytes(graph, u.index) for u in units if seg_of[u.position] == j), default=0)
         peaks.append(base + stored + rematerialized + transient + boundary_cotangent_bytes(graph, seg_end[j] + 1))
     return Simulation(

@@ -24,7 +24,7 @@ from ._cost import CostModel
 from ._errors import InfeasibleBudgetError
 from ._graph import ProgramGraph, build_graph
 from ._measure import abstract, gradient_flops, peak_bytes
-from ._memory import Schedule, Simulation, simulate
+from ._memory import Schedule, Simulation, calibrate, simulate
 from ._plan import Plan
 from ._rewrite import rewrite
 from ._solve import SolverOptions, low_memory_schedules, min_peak_schedule, solve
@@ -133,6 +133,7 @@ class OptimizedFunction:
 
         baseline_flops = gradient_flops(self.fn, args, kwargs, nums, self.cost_model, self.has_aux)
         plain_peak = measure(self.fn)
+        graph = calibrate(graph, plain_peak)
         budget = self.budget_bytes
         if budget >= plain_peak:
             sim = simulate(graph, Schedule(plain=True))

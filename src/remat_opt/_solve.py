@@ -41,6 +41,7 @@ from ._memory import (
     materialized,
     remat_bytes,
     simulate,
+    tail_extra_bytes,
     transient_bytes,
 )
 
@@ -233,13 +234,18 @@ class _Encoding:
         At the program's end that includes the last segment's own residuals."""
         g = self.graph
         live: dict[int, list] = {}
+        total = 0
         if e == g.num_positions - 1:
+            tail_buffers = set()
             for v in range(g.num_nodes):
                 if g.residual[v] and materialized(g, v) and not g.is_output[v]:
                     lit = self.in_tail(g.position_of(v))
                     if isinstance(lit, int):
                         lit = self.model.NewConstant(1)
                     live.setdefault(g.buffer[v], []).append(lit)
+                    tail_buffers.add(g.buffer[v])
+            for b in sorted(tail_buffers - {-1}):  # calibrated storage of code run as written
+                total += tail_extra_bytes(g, b) * self.in_tail(g.position_of(b))
         for v, chain in self.cross.items():
             lits = [lit for q, lit in chain if q <= e]
             if lits:
@@ -247,7 +253,6 @@ class _Encoding:
         for v, s in self.save.items():
             if g.position_of(v) <= e:
                 live.setdefault(g.buffer[v], []).append(s)
-        total = 0
         for b, lits in live.items():
             if b < 0:
                 continue
