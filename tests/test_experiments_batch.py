@@ -1,0 +1,45 @@
+"""``experiments/batch_size.py --quick``: it runs, writes its table, and remat_opt fits the most.
+
+The script searches the largest batch each strategy fits in a fixed memory,
+with XLA's measured peak as the judge for every strategy; remat_opt's answer
+is checked here against the baselines' (no_remat and Chen's sqrt(n)), which
+are measured independently of its solver.
+"""
+
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[1] / "experiments" / "batch_size.py"
+
+
+def test_batch_size_quick(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--quick", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=600,  # about a minute on two idle cores
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "Reproduce: python experiments/batch_size.py --quick" in proc.stdout
+
+    with (tmp_path / "batch_size.quick.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert rows, proc.stdout
+    assert (tmp_path / "batch_size.quick.png").stat().st_size > 0
+    assert (tmp_path / "batch_size.quick.probes.csv").stat().st_size > 0
+    assert all(r["jax_version"] and r["machine"] for r in rows)
+
+    by_model: dict[str, dict[str, dict]] = {}
+    for r in rows:
+        by_model.setdefault(r["model"], {})[r["strategy"]] = r
+    for model, strategies in by_model.items():
+        assert {"no_remat", "remat_opt"} <= set(strategies), strategies
+        memory = int(strategies["no_remat"]["memory_bytes"])
+        remat = strategies["remat_opt"]
+        # The default memory is the plain program's peak at the config's batch: it fits there.
+        assert int(strategies["no_remat"]["max_batch"]) >= 1
+        for name, r in strategies.items():
+            # Every reported batch was measured within the memory by XLA.
+            if int(r["max_batch"]) > 0:
+                assert int(r["peak_bytes"]) <= memory, (model, name, r)
+            assert int(remat["max_batch"]) >= int(r["max_batch"]), (model, name, rows)
