@@ -142,8 +142,9 @@ class OptimizedFunction:
                               "PLAIN", 0.0, 0.0, 0)
             return plan, self.fn
 
-        target, solve_seconds, bound, lowest = budget, 0.0, 0.0, None
+        target, solve_seconds, bound, lowest, solves = budget, 0.0, 0.0, None, 0
         for attempt in range(1, self.max_attempts + 1):
+            solves = attempt
             started = time.perf_counter()
             try:
                 solution = solve(graph, target, self.solver_options)
@@ -181,7 +182,7 @@ class OptimizedFunction:
         sim = simulate(graph, schedule)
         gap = max(0.0, (sim.recompute_flops - bound) / sim.recompute_flops) if sim.recompute_flops else 0.0
         return self._finish(graph, sim, schedule, measured, plain_peak, program, args, kwargs, nums,
-                            baseline_flops, "FEASIBLE", gap, solve_seconds, self.max_attempts + 1)
+                            baseline_flops, "FEASIBLE", gap, solve_seconds, solves + 1)
 
     def _finish(self, graph: ProgramGraph, sim: Simulation, schedule: Schedule, measured: int, plain_peak: int,
                 program: Callable[..., Any], args: tuple, kwargs: dict, nums: Any, baseline_flops: int,

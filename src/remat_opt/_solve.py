@@ -10,9 +10,12 @@ graphs):
   so ``v`` is stored from that reader's position on (monotone in ``k``).
 * ``rc[u]``: unit ``u`` is recomputed in its segment's backward. Residuals
   that are not stored force ``rc``; a recomputed unit forces its inputs.
+* ``tail[c]``: no cut at or after candidate ``c``, so what follows lies in
+  the last segment, which runs as written: its residuals are stored (with
+  the calibrated extra) and count only at the program's end.
 * Running sums with a reset at every cut give each segment's recomputed
-  bytes and largest transient; at each possible segment end the peak of the
-  segment is bounded by the budget.
+  bytes, relayout copies and largest transient; at each possible segment
+  end the peak of the segment is bounded by the budget.
 
 The objective is the recomputed FLOPs. Unlike Checkmate's MILP (one boolean
 per stage and node, O(n²)), the variables here are O(nodes + cuts), because
