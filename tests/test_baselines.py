@@ -9,7 +9,7 @@ import pytest
 
 import remat_opt
 from remat_opt import Schedule, peak_bytes
-from remat_opt._baselines import POLICIES
+from remat_opt._policies import POLICIES
 from remat_opt._chen import articulation_positions, chen_greedy_schedule, chen_sqrt_n_schedule
 from remat_opt._graph import build_graph
 from remat_opt._measure import gradient_flops, memory_of

@@ -7,7 +7,6 @@ peak model) → ``_solve`` (CP-SAT) → ``_rewrite`` (fenced ``jax.checkpoint``)
 Baselines (``_baselines``, ``_chen``) return the same :class:`Plan`, measured the same way.
 """
 
-from ._baselines import POLICIES as POLICIES
 from ._baselines import all_baselines as all_baselines
 from ._baselines import chen_greedy as chen_greedy
 from ._baselines import chen_sqrt_n as chen_sqrt_n
@@ -29,6 +28,7 @@ from ._memory import Schedule as Schedule
 from ._optimize import OptimizedFunction as OptimizedFunction
 from ._optimize import optimize as optimize
 from ._plan import Plan as Plan
+from ._policies import POLICIES as POLICIES
 from ._solve import SolverOptions as SolverOptions
 
 __all__ = [

@@ -32,47 +32,18 @@ Example:
 
 from __future__ import annotations
 
-import functools
-import inspect
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
-import jax
-import networkx as nx
-
-from ._budget import parse_bytes
+from ._chen import chen_greedy_candidates, chen_sqrt_n_schedule
 from ._cost import CostModel
-from ._graph import ProgramGraph, build_graph
-from ._measure import abstract, gradient_flops, peak_bytes
-from ._memory import Schedule, calibrate, simulate
-from ._chen import (
-    chen_greedy_candidates,
-    chen_sqrt_n_schedule,
-)
-from ._optimize import annotate, apply_schedule
+from ._memory import Schedule, simulate
+from ._optimize import apply_schedule
 from ._plan import Plan
-from ._trace import normalize_argnums, trace
-
-POLICIES: dict[str, Callable[..., bool]] = {
-    "nothing_saveable": jax.checkpoint_policies.nothing_saveable,
-    "dots_saveable": jax.checkpoint_policies.dots_saveable,
-    "dots_with_no_batch_dims_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-    "everything_saveable": jax.checkpoint_policies.everything_saveable,
-}
-"""JAX's built-in checkpoint policies compared here, by name."""
-
-STATUS = "BASELINE"
-
-
-# --------------------------------------------------------------------------- programs
-
-
-def _policy(policy: str) -> Callable[..., bool]:
-    if not isinstance(policy, str) or policy not in POLICIES:
-        raise ValueError(f"policy must be one of {sorted(POLICIES)}; got {policy!r}.")
-    return POLICIES[policy]
+from ._policies import POLICIES, layer_policy_program, policy_program
+from ._reference import Reference, policy_plan, reference, schedule_plan
 
 
 def _check_positive(argument: str, value: object, *, allow_none: bool = False) -> None:
@@ -83,151 +54,17 @@ def _check_positive(argument: str, value: object, *, allow_none: bool = False) -
         raise ValueError(f"{argument} must be {expected}; got {value!r}.")
 
 
-def policy_program(fn: Callable[..., Any], policy: str) -> Callable[..., Any]:
-    """``jax.checkpoint(fn, policy=...)``, as a user would write it."""
-    return jax.checkpoint(fn, policy=_policy(policy))
+def _no_remat(ref: Reference) -> Plan:
+    return schedule_plan(ref, "no_remat", Schedule(plain=True), measured=ref.plain_peak_bytes)
 
 
-def layer_policy_program(loss: Callable[..., Any], policy: str) -> Callable[..., Any]:
-    """``loss`` with ``jax.checkpoint(layer, policy=...)`` around each layer.
-
-    Raises:
-        TypeError: ``loss`` takes no ``layer_wrapper`` keyword argument.
-    """
-    try:
-        parameters = inspect.signature(loss).parameters
-    except (TypeError, ValueError):
-        parameters = {}
-    takes_wrapper = "layer_wrapper" in parameters or any(
-        p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()
-    )
-    if not takes_wrapper:
-        raise TypeError(
-            f"loss must accept a layer_wrapper keyword argument (the zoo's convention) for a "
-            f"per-layer policy; got {loss!r}. Use checkpoint_policy for the whole function."
-        )
-    pol = _policy(policy)
-    return functools.partial(loss, layer_wrapper=lambda layer: jax.checkpoint(layer, policy=pol))
-
-
-# --------------------------------------------------------------------------- measuring
-
-
-@dataclass(frozen=True)
-class _Reference:
-    """What every baseline of one function and signature is compared with."""
-
-    fn: Callable[..., Any]
-    args: tuple
-    kwargs: dict
-    nums: int | tuple[int, ...]
-    budget_bytes: int
-    cost_model: CostModel | None
-    graph: ProgramGraph
-    plain_peak_bytes: int
-    baseline_flops: int
-
-    def peak(self, program: Callable[..., Any]) -> int:
-        return peak_bytes(program, *self.args, argnums=self.nums, **self.kwargs)
-
-    def flops(self, program: Callable[..., Any]) -> int:
-        return gradient_flops(program, self.args, self.kwargs, self.nums, self.cost_model) - self.baseline_flops
-
-
-def _reference(
-    fn: Callable[..., Any],
-    args: tuple,
-    kwargs: dict,
-    argnums: int | Sequence[int],
-    budget_bytes: int | str,
-    cost_model: CostModel | None,
-) -> _Reference:
-    if not callable(fn):
-        raise TypeError(f"fn must be callable; got {fn!r} ({type(fn).__name__}). Pass the loss function itself.")
-    budget = parse_bytes(budget_bytes, argument="budget_bytes")
-    args, kwargs = abstract(tuple(args)), abstract(dict(kwargs))
-    nums_t = normalize_argnums(argnums, len(args))
-    nums = nums_t if len(nums_t) > 1 else nums_t[0]
-    plain_peak = peak_bytes(fn, *args, argnums=nums, **kwargs)
-    graph = calibrate(build_graph(trace(fn, args, kwargs, nums_t), cost_model), plain_peak)
-    return _Reference(
-        fn=fn,
-        args=args,
-        kwargs=kwargs,
-        nums=nums,
-        budget_bytes=budget,
-        cost_model=cost_model,
-        graph=graph,
-        plain_peak_bytes=plain_peak,
-        baseline_flops=gradient_flops(fn, args, kwargs, nums, cost_model),
-    )
-
-
-def _bare_graph(graph: ProgramGraph) -> nx.DiGraph:
-    g = graph.nx_graph()
-    nx.set_node_attributes(g, None, "decision")
-    nx.set_node_attributes(g, None, "segment")
-    return g
-
-
-def _plan(ref: _Reference, strategy: str, **fields: Any) -> Plan:
-    defaults: dict[str, Any] = dict(
-        budget_bytes=ref.budget_bytes,
-        plain_peak_bytes=ref.plain_peak_bytes,
-        baseline_flops=ref.baseline_flops,
-        status=STATUS,
-        gap=0.0,
-        solve_seconds=0.0,
-        attempts=1,
-        strategy=strategy,
-        jax_version=jax.__version__,
-    )
-    return Plan(**{**defaults, **fields})
-
-
-def _policy_plan(ref: _Reference, strategy: str, program: Callable[..., Any]) -> Plan:
-    measured_flops = ref.flops(program)
-    return _plan(
-        ref,
-        strategy,
-        graph=_bare_graph(ref.graph),
-        predicted_peak_bytes=None,
-        measured_peak_bytes=ref.peak(program),
-        recompute_flops=measured_flops,
-        measured_recompute_flops=measured_flops,
-        schedule=None,
-    )
-
-
-def _schedule_plan(
-    ref: _Reference, strategy: str, schedule: Schedule, measured: int | None = None, **fields: Any
-) -> Plan:
-    program = apply_schedule(ref.fn, ref.graph, schedule)
-    sim = simulate(ref.graph, schedule)
-    return _plan(
-        ref,
-        strategy,
-        graph=annotate(ref.graph, sim),
-        predicted_peak_bytes=sim.peak_bytes,
-        measured_peak_bytes=ref.peak(program) if measured is None else measured,
-        recompute_flops=sim.recompute_flops,
-        measured_recompute_flops=ref.flops(program),
-        schedule=schedule,
-        **fields,
-    )
-
-
-def _no_remat(ref: _Reference) -> Plan:
-    return _schedule_plan(ref, "no_remat", Schedule(plain=True), measured=ref.plain_peak_bytes)
-
-
-def _chen_sqrt_n(ref: _Reference, num_segments: int | None) -> Plan:
+def _chen_sqrt_n(ref: Reference, num_segments: int | None) -> Plan:
     start = time.perf_counter()
     schedule = chen_sqrt_n_schedule(ref.graph, num_segments)
-    return _schedule_plan(ref, "chen_sqrt_n", schedule, solve_seconds=time.perf_counter() - start)
+    return schedule_plan(ref, "chen_sqrt_n", schedule, solve_seconds=time.perf_counter() - start)
 
 
-def _chen_greedy(ref: _Reference, measure_top: int) -> Plan:
+def _chen_greedy(ref: Reference, measure_top: int) -> Plan:
     start = time.perf_counter()
     ranked = sorted(
         ((simulate(ref.graph, s).peak_bytes, len(s.cuts), s) for _, s in chen_greedy_candidates(ref.graph)),
@@ -236,7 +73,7 @@ def _chen_greedy(ref: _Reference, measure_top: int) -> Plan:
     seconds = time.perf_counter() - start
     measured = [(ref.peak(apply_schedule(ref.fn, ref.graph, s)), n, s) for _, n, s in ranked[:measure_top]]
     peak, _, best = min(measured, key=lambda t: (t[0], t[1]))
-    return _schedule_plan(ref, "chen_greedy", best, measured=peak, solve_seconds=seconds, attempts=len(measured))
+    return schedule_plan(ref, "chen_greedy", best, measured=peak, solve_seconds=seconds, attempts=len(measured))
 
 
 # --------------------------------------------------------------------------- public API
@@ -274,7 +111,7 @@ def no_remat(
         >>> remat_opt.no_remat(lambda w: jnp.sum(jnp.tanh(w @ w)), w, budget_bytes="1MiB").fits
         True
     """
-    return _no_remat(_reference(fn, args, kwargs, argnums, budget_bytes, cost_model))
+    return _no_remat(reference(fn, args, kwargs, argnums, budget_bytes, cost_model))
 
 
 def checkpoint_policy(
@@ -314,8 +151,8 @@ def checkpoint_policy(
         'BASELINE'
     """
     program = policy_program(fn, policy)
-    ref = _reference(fn, args, kwargs, argnums, budget_bytes, cost_model)
-    return _policy_plan(ref, f"checkpoint/{policy}", program)
+    ref = reference(fn, args, kwargs, argnums, budget_bytes, cost_model)
+    return policy_plan(ref, f"checkpoint/{policy}", program)
 
 
 def layer_checkpoint_policy(
@@ -361,8 +198,8 @@ def layer_checkpoint_policy(
         'layer_checkpoint/nothing_saveable'
     """
     program = layer_policy_program(loss, policy)
-    ref = _reference(loss, args, kwargs, argnums, budget_bytes, cost_model)
-    return _policy_plan(ref, f"layer_checkpoint/{policy}", program)
+    ref = reference(loss, args, kwargs, argnums, budget_bytes, cost_model)
+    return policy_plan(ref, f"layer_checkpoint/{policy}", program)
 
 
 def megatron_selective(
@@ -415,8 +252,8 @@ def megatron_selective(
         'megatron_selective'
     """
     program = layer_policy_program(loss, "dots_with_no_batch_dims_saveable")
-    ref = _reference(loss, args, kwargs, argnums, budget_bytes, cost_model)
-    return _policy_plan(ref, "megatron_selective", program)
+    ref = reference(loss, args, kwargs, argnums, budget_bytes, cost_model)
+    return policy_plan(ref, "megatron_selective", program)
 
 
 def chen_sqrt_n(
@@ -466,7 +303,7 @@ def chen_sqrt_n(
         True
     """
     _check_positive("num_segments", num_segments, allow_none=True)
-    return _chen_sqrt_n(_reference(fn, args, kwargs, argnums, budget_bytes, cost_model), num_segments)
+    return _chen_sqrt_n(reference(fn, args, kwargs, argnums, budget_bytes, cost_model), num_segments)
 
 
 def chen_greedy(
@@ -514,7 +351,7 @@ def chen_greedy(
         'chen_greedy'
     """
     _check_positive("measure_top", measure_top)
-    return _chen_greedy(_reference(fn, args, kwargs, argnums, budget_bytes, cost_model), measure_top)
+    return _chen_greedy(reference(fn, args, kwargs, argnums, budget_bytes, cost_model), measure_top)
 
 
 def all_baselines(
@@ -561,17 +398,17 @@ def all_baselines(
     _check_positive("measure_top", measure_top)
     loss = getattr(model, "loss", model)
     layer_programs = {policy: layer_policy_program(loss, policy) for policy in policies}
-    ref = _reference(loss, (params, batch), {}, 0, budget_bytes, cost_model)
+    ref = reference(loss, (params, batch), {}, 0, budget_bytes, cost_model)
     plans = [_no_remat(ref)]
-    plans += [_policy_plan(ref, f"checkpoint/{p}", policy_program(loss, p)) for p in policies]
-    plans += [_policy_plan(ref, f"layer_checkpoint/{p}", prog) for p, prog in layer_programs.items()]
+    plans += [policy_plan(ref, f"checkpoint/{p}", policy_program(loss, p)) for p in policies]
+    plans += [policy_plan(ref, f"layer_checkpoint/{p}", prog) for p, prog in layer_programs.items()]
     same = "layer_checkpoint/dots_with_no_batch_dims_saveable"
     megatron = next((p for p in plans if p.strategy == same), None)
     if megatron is not None:  # The same program: measured once.
         plans.append(replace(megatron, strategy="megatron_selective"))
     else:
         program = layer_policy_program(loss, "dots_with_no_batch_dims_saveable")
-        plans.append(_policy_plan(ref, "megatron_selective", program))
+        plans.append(policy_plan(ref, "megatron_selective", program))
     plans.append(_chen_sqrt_n(ref, None))
     plans.append(_chen_greedy(ref, measure_top))
     return tuple(plans)

@@ -1,0 +1,57 @@
+"""JAX's built-in checkpoint policies, applied as a user would write them.
+
+Around the whole function (:func:`policy_program`) or around each layer
+through the zoo's ``layer_wrapper`` convention (:func:`layer_policy_program`).
+Plain ``jax.checkpoint``, unfenced: on XLA:CPU it is often undone by CSE and
+scheduling (FINDINGS §1), which is what the baselines show.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+POLICIES: dict[str, Callable[..., bool]] = {
+    "nothing_saveable": jax.checkpoint_policies.nothing_saveable,
+    "dots_saveable": jax.checkpoint_policies.dots_saveable,
+    "dots_with_no_batch_dims_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    "everything_saveable": jax.checkpoint_policies.everything_saveable,
+}
+"""JAX's built-in checkpoint policies compared here, by name."""
+
+
+def policy_by_name(policy: str) -> Callable[..., bool]:
+    if not isinstance(policy, str) or policy not in POLICIES:
+        raise ValueError(f"policy must be one of {sorted(POLICIES)}; got {policy!r}.")
+    return POLICIES[policy]
+
+
+def policy_program(fn: Callable[..., Any], policy: str) -> Callable[..., Any]:
+    """``jax.checkpoint(fn, policy=...)``, as a user would write it."""
+    return jax.checkpoint(fn, policy=policy_by_name(policy))
+
+
+def layer_policy_program(loss: Callable[..., Any], policy: str) -> Callable[..., Any]:
+    """``loss`` with ``jax.checkpoint(layer, policy=...)`` around each layer.
+
+    Raises:
+        TypeError: ``loss`` takes no ``layer_wrapper`` keyword argument.
+    """
+    try:
+        parameters = inspect.signature(loss).parameters
+    except (TypeError, ValueError):
+        parameters = {}
+    takes_wrapper = "layer_wrapper" in parameters or any(
+        p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()
+    )
+    if not takes_wrapper:
+        raise TypeError(
+            f"loss must accept a layer_wrapper keyword argument (the zoo's convention) for a "
+            f"per-layer policy; got {loss!r}. Use checkpoint_policy for the whole function."
+        )
+    pol = policy_by_name(policy)
+    return functools.partial(loss, layer_wrapper=lambda layer: jax.checkpoint(layer, policy=pol))
