@@ -60,12 +60,15 @@ from typing import Any, NamedTuple
 import jax
 
 import remat_opt
-from remat_opt import _baselines
+from remat_opt import _chen, _policies
 from remat_opt._graph import build_graph
 from remat_opt._measure import abstract
 from remat_opt._optimize import apply_schedule
 from remat_opt._trace import trace
 from remat_opt.zoo import MODELS, GPTConfig, MLPConfig
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import machine  # noqa: E402
 
 MiB = 2**20
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -81,12 +84,6 @@ QUICK_STRATEGIES = ("no_remat", "chen_sqrt_n", "remat_opt")
 ALL_STRATEGIES = (
     "no_remat", "checkpoint", "layer_checkpoint", "megatron_selective", "chen_sqrt_n", "remat_opt",
 )
-
-
-def machine() -> str:
-    """A short description of the host: platform, processor and JAX backend."""
-    processor = platform.processor() or platform.machine()
-    return f"{platform.platform()}; {processor}; jax backend {jax.default_backend()}"
 
 
 def source_version() -> str:
@@ -205,7 +202,7 @@ class Model(NamedTuple):
 def chen_program(loss: Callable[..., Any], args: tuple[Any, Any]) -> Callable[..., Any]:
     """``loss`` rewritten with Chen's sqrt(n) schedule, as ``remat_opt.chen_sqrt_n`` builds it."""
     graph = build_graph(trace(loss, args, {}, (0,)), None)
-    return apply_schedule(loss, graph, _baselines.chen_sqrt_n_schedule(graph))
+    return apply_schedule(loss, graph, _chen.chen_sqrt_n_schedule(graph))
 
 
 def baseline_program(
@@ -216,11 +213,11 @@ def baseline_program(
     if kind == "no_remat":
         return loss
     if kind == "checkpoint":
-        return _baselines.policy_program(loss, policy)
+        return _policies.policy_program(loss, policy)
     if kind == "layer_checkpoint":
-        return _baselines.layer_policy_program(loss, policy)
+        return _policies.layer_policy_program(loss, policy)
     if kind == "megatron_selective":
-        return _baselines.layer_policy_program(loss, "dots_with_no_batch_dims_saveable")
+        return _policies.layer_policy_program(loss, "dots_with_no_batch_dims_saveable")
     if kind == "chen_sqrt_n":
         return chen_program(loss, args)
     raise ValueError(f"unknown strategy {strategy!r}")
@@ -273,7 +270,7 @@ class Searcher:
     def best_policy(self, kind: str) -> str:
         """``kind/<policy>`` with the lowest peak at the config's batch (ties: POLICIES order)."""
         batch = self.model.config.batch
-        peaks = {p: self.peak(f"{kind}/{p}", batch)[0] for p in _baselines.POLICIES}
+        peaks = {p: self.peak(f"{kind}/{p}", batch)[0] for p in _policies.POLICIES}
         best = min(peaks, key=peaks.get)
         self.log(f"  {kind}: peaks at batch {batch}: "
                  + ", ".join(f"{p} {v / MiB:.2f} MiB" for p, v in peaks.items()) + f" -> {best}")
