@@ -284,6 +284,12 @@ def _solver(options: SolverOptions) -> cp_model.CpSolver:
     return solver
 
 
+def _chen_starts(graph: ProgramGraph) -> list[Schedule]:
+    """Chen's segmentations, distinct, by predicted peak (ties: by cut positions)."""
+    starts = {chen_sqrt_n_schedule(graph)} | {s for _, s in chen_greedy_candidates(graph)}
+    return sorted(starts, key=lambda s: (simulate(graph, s).peak_bytes, sorted(s.cuts)))
+
+
 def min_peak_schedule(graph: ProgramGraph, options: SolverOptions = SolverOptions()) -> Schedule:
     """A schedule with the smallest peak the model can reach, whatever the FLOPs.
 
@@ -291,8 +297,7 @@ def min_peak_schedule(graph: ProgramGraph, options: SolverOptions = SolverOption
     and the result is never worse than any of them: under a time limit the
     search may stop before it has improved on that start.
     """
-    starts = [chen_sqrt_n_schedule(graph)] + [s for _, s in chen_greedy_candidates(graph)]
-    best_start = min(starts, key=lambda s: (simulate(graph, s).peak_bytes, sorted(s.cuts)))
+    best_start = _chen_starts(graph)[0]
     enc = _Encoding(graph, cut_candidates(graph, options.max_cut_candidates), save_candidates(graph))
     m = enc.model
     peak = m.NewIntVar(0, sum(graph.node_bytes) * 4 + graph.input_bytes + graph.output_bytes, "peak")
@@ -317,8 +322,7 @@ def low_memory_schedules(graph: ProgramGraph, lowest: Schedule, count: int) -> l
     The model ranks them; XLA's fusion can reorder schedules whose predicted
     peaks are a few percent apart, so a caller measures them all.
     """
-    starts = [chen_sqrt_n_schedule(graph)] + [s for _, s in chen_greedy_candidates(graph)]
-    ranked = sorted(set(starts) - {lowest}, key=lambda s: (simulate(graph, s).peak_bytes, sorted(s.cuts)))
+    ranked = [s for s in _chen_starts(graph) if s != lowest]
     return [lowest, *ranked[: max(0, count - 1)]]
 
 
