@@ -4,7 +4,8 @@ The pipeline, one module a stage: ``_trace`` (flat jaxpr) → ``_graph`` (JAX's 
 linearization: what the backward reads) → ``_cost`` (FLOPs) → ``_memory`` (the
 peak model) → ``_solve`` (CP-SAT) → ``_rewrite`` (fenced ``jax.checkpoint``) →
 ``_measure`` (XLA's ``memory_analysis``). ``optimize`` runs them all.
-Baselines (``_baselines``, ``_chen``) return the same :class:`Plan`, measured the same way.
+Baselines (``_baselines``, ``_policies``, ``_chen``; measured by ``_reference``) return the
+same :class:`Plan`, measured the same way.
 """
 
 from ._baselines import all_baselines as all_baselines
