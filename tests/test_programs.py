@@ -57,7 +57,9 @@ def assert_tree_close(got, want, rtol=1e-5, atol=1e-6):
         np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(w, np.float32), rtol=rtol, atol=atol)
 
 
-def optimize_and_check(fn, args, *, frac=0.85, argnums=0, kwargs=None, more_args=(), rtol=1e-5, atol=1e-6):
+def optimize_and_check(
+    fn, args, *, frac=0.85, argnums=0, kwargs=None, more_args=(), rtol=1e-5, atol=1e-6, **options
+):
     """Plans ``fn`` at ``frac`` of its plain peak and checks budget, peak and gradients.
 
     The gradients are checked on ``args`` and on every argument tuple in ``more_args``
@@ -69,7 +71,7 @@ def optimize_and_check(fn, args, *, frac=0.85, argnums=0, kwargs=None, more_args
     kwargs = kwargs or {}
     plain = peak_bytes(fn, *args, argnums=argnums, **kwargs)
     budget = int(plain * frac)
-    step = remat_opt.optimize(fn, budget, argnums=argnums, solver_options=FAST, max_attempts=ATTEMPTS)
+    step = remat_opt.optimize(fn, budget, argnums=argnums, solver_options=FAST, max_attempts=ATTEMPTS, **options)
     plan = step.plan(*args, **kwargs)
     assert plan.plain_peak_bytes == plain
     assert plan.measured_peak_bytes <= budget < plain, str(plan)
@@ -126,11 +128,13 @@ def test_fori_loop_with_static_bounds_lowers_to_scan():
         return jnp.mean(mlp(ws[4:], x) ** 2)
 
     assert "scan" in str(jax.make_jaxpr(loss)(weights(7), inputs()))
-    optimize_and_check(loss, (weights(7), inputs()), frac=0.9)
+    # Unrolled, the loop alone peaks at about 2/3 of the plain program: ask for less.
+    optimize_and_check(loss, (weights(7), inputs()), frac=0.55)
 
 
 @pytest.mark.parametrize("remat_body", [False, True], ids=["plain_body", "checkpointed_body"])
-def test_scan_over_stacked_layers_is_one_unit(remat_body):
+@pytest.mark.parametrize("unroll_scans", [0, 64], ids=["one_unit", "unrolled"])
+def test_scan_over_stacked_layers(remat_body, unroll_scans):
     def layer(c, w):
         return jnp.tanh(c @ w), None
 
@@ -142,7 +146,12 @@ def test_scan_over_stacked_layers_is_one_unit(remat_body):
         return jnp.mean(mlp(ws[4:], x) ** 2)
 
     ws, stack = weights(8), jnp.stack(weights(3, seed=2))
-    optimize_and_check(loss, (ws, stack, inputs()), frac=0.9, argnums=(0, 1))
+    # Unrolled, the program as written already peaks lower than the loop (whose
+    # residuals the user's checkpoint shrinks): ask for less.
+    frac = 0.9 if unroll_scans == 0 else 0.7 if remat_body else 0.6
+    plan, _ = optimize_and_check(loss, (ws, stack, inputs()), frac=frac, argnums=(0, 1), unroll_scans=unroll_scans)
+    has_scan = any(d.get("primitive") == "scan" for _, d in plan.graph.nodes(data=True))
+    assert has_scan == (unroll_scans == 0)
 
 
 def test_tangent_flow_matches_jax_on_the_off_path_loops():
@@ -175,7 +184,7 @@ def test_scan_only_program_min_budget_is_at_most_plain_peak():
     stack, x = jnp.stack(weights(4)), inputs()
     plain = peak_bytes(loss, stack, x)
     with pytest.raises(InfeasibleBudgetError) as info:
-        remat_opt.optimize(loss, int(plain * 0.8), solver_options=FAST).plan(stack, x)
+        remat_opt.optimize(loss, int(plain * 0.8), solver_options=FAST, unroll_scans=0).plan(stack, x)
     assert info.value.min_budget_bytes <= plain
 
 

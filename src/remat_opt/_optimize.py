@@ -44,8 +44,12 @@ def _signature(args: tuple, kwargs: dict) -> _Signature:
 
 
 def apply_schedule(fn: Callable[..., Any], graph: ProgramGraph, schedule: Schedule) -> Callable[..., Any]:
-    """``fn`` with ``schedule`` applied, for arguments of the traced signature."""
-    if schedule.plain:
+    """``fn`` with ``schedule`` applied, for arguments of the traced signature.
+
+    The plain schedule is ``fn`` itself, unless the flat program differs from
+    it (scans were unrolled): then it is the flat program as written.
+    """
+    if schedule.plain and not graph.traced.unrolled_scans:
         return fn
     program = rewrite(graph, schedule)
     traced = graph.traced
@@ -95,6 +99,7 @@ class OptimizedFunction:
         max_attempts: int,
         cost_model: CostModel | None,
         has_aux: bool = False,
+        unroll_scans: int = 0,
     ):
         self.fn = fn
         self.budget_bytes = budget_bytes
@@ -103,6 +108,7 @@ class OptimizedFunction:
         self.max_attempts = max_attempts
         self.cost_model = cost_model
         self.has_aux = has_aux
+        self.unroll_scans = unroll_scans
         self._cache: dict[_Signature, tuple[Plan, Callable[..., Any]]] = {}
         functools.update_wrapper(self, fn)
 
@@ -125,7 +131,7 @@ class OptimizedFunction:
 
     def _make_plan(self, args: tuple, kwargs: dict) -> tuple[Plan, Callable[..., Any]]:
         argnums = normalize_argnums(self.argnums, len(args))
-        traced = trace(self.fn, args, kwargs, argnums)
+        traced = trace(self.fn, args, kwargs, argnums, self.unroll_scans)
         graph = build_graph(traced, self.cost_model)
         nums = argnums if len(argnums) > 1 else argnums[0]
 
@@ -134,9 +140,15 @@ class OptimizedFunction:
 
         baseline_flops = gradient_flops(self.fn, args, kwargs, nums, self.cost_model, self.has_aux)
         plain_peak = measure(self.fn)
-        graph = calibrate(graph, plain_peak)
+        # The model is calibrated on the flat program as written; with scans
+        # unrolled, that is another program than fn (no loop, fused across
+        # iterations), and usually a lower peak.
+        flat_peak = measure(apply_schedule(self.fn, graph, Schedule(plain=True))) if traced.unrolled_scans else plain_peak
+        graph = calibrate(graph, flat_peak)
         budget = self.budget_bytes
         if budget >= plain_peak:
+            if traced.unrolled_scans:  # fn runs as written, loops and all: model that program
+                graph = calibrate(build_graph(trace(self.fn, args, kwargs, argnums), self.cost_model), plain_peak)
             sim = simulate(graph, Schedule(plain=True))
             plan = self._plan(graph, sim, Schedule(plain=True), plain_peak, plain_peak, 0, baseline_flops,
                               "PLAIN", 0.0, 0.0, 0)
@@ -235,6 +247,7 @@ def optimize(
     max_attempts: int = 4,
     cost_model: CostModel | None = None,
     has_aux: bool = False,
+    unroll_scans: int = 64,
 ) -> OptimizedFunction:
     """Places gradient checkpoints in ``fn`` so its gradient step fits ``budget_bytes``.
 
@@ -249,6 +262,11 @@ def optimize(
         cost_model: FLOPs per equation; the default counts dots and convs exactly.
         has_aux: ``fn`` returns ``(loss, aux)`` (as in ``jax.grad``); the step
             returns the same pair, for ``jax.value_and_grad(step, has_aux=True)``.
+        unroll_scans: a ``lax.scan`` (or static ``fori_loop``) of at most this many
+            iterations is unrolled into the plan, so checkpoints can fall between
+            its iterations and inside its body, under the same budget. The
+            rewritten step then has no loop: XLA compiles each iteration, which
+            takes longer for long scans. ``0`` keeps every scan as one unit.
 
     Returns:
         An :class:`OptimizedFunction` with ``fn``'s signature and values.
@@ -278,5 +296,7 @@ def optimize(
         raise TypeError(f"argnums must be an int or a tuple of ints; got {argnums!r}.")
     if not isinstance(has_aux, bool):
         raise TypeError(f"has_aux must be a bool; got {has_aux!r}.")
+    if isinstance(unroll_scans, bool) or not isinstance(unroll_scans, int) or unroll_scans < 0:
+        raise ValueError(f"unroll_scans must be a non-negative int (0 keeps scans whole); got {unroll_scans!r}.")
     return OptimizedFunction(fn, budget, argnums, solver_options or SolverOptions(), max_attempts, cost_model,
-                             has_aux)
+                             has_aux, unroll_scans)

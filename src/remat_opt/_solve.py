@@ -304,10 +304,7 @@ def min_peak_schedule(graph: ProgramGraph, options: SolverOptions = SolverOption
     for _, expr, enforce in enc.ends:
         m.Add(peak >= expr).OnlyEnforceIf(enforce)
     m.Minimize(peak)
-    for c, x in enc.cut.items():
-        m.AddHint(x, c in best_start.cuts)
-    for x in enc.save.values():
-        m.AddHint(x, False)
+    _hint(enc, best_start)
     solver = _solver(options)
     status = solver.Solve(m)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
@@ -346,21 +343,46 @@ def solve(graph: ProgramGraph, budget_bytes: int, options: SolverOptions = Solve
     for _, expr, enforce in enc.ends:
         enc.model.Add(expr <= budget_bytes).OnlyEnforceIf(enforce)
     enc.model.Minimize(enc.flops)
+    incumbent = _incumbent(graph, budget_bytes)
+    if incumbent is not None:
+        _hint(enc, incumbent)
     solver = _solver(options)
     status = solver.Solve(enc.model)
-    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+    found = enc.schedule(solver) if status in (cp_model.OPTIMAL, cp_model.FEASIBLE) else None
+    if found is None and incumbent is None:
         lowest = min_peak_schedule(graph, options)
         detail = "" if status == cp_model.INFEASIBLE else (
             f"CP-SAT stopped with {solver.StatusName(status)} before finding a schedule.")
         raise InfeasibleBudgetError(budget_bytes, simulate(graph, lowest).peak_bytes, detail, schedule=lowest)
-    objective = int(round(solver.ObjectiveValue()))
-    bound = float(solver.BestObjectiveBound())
+    bound = max(0.0, float(solver.BestObjectiveBound()))
+    if found is None or (
+        incumbent is not None
+        and simulate(graph, incumbent).recompute_flops < simulate(graph, found).recompute_flops
+    ):
+        # The search stopped before it matched its starting point (large graphs
+        # under the deterministic limit): the start is the best feasible plan.
+        found, status = incumbent, cp_model.FEASIBLE
+    objective = simulate(graph, found).recompute_flops
     gap = 0.0 if status == cp_model.OPTIMAL or objective == 0 else max(0.0, (objective - bound) / objective)
     return Solution(
-        schedule=enc.schedule(solver),
+        schedule=found,
         status=solver.StatusName(status),
         objective_flops=objective,
         bound_flops=bound,
         gap=gap,
         solve_seconds=time.perf_counter() - start,
     )
+
+
+def _incumbent(graph: ProgramGraph, budget_bytes: int) -> Schedule | None:
+    """The cheapest of the unsegmented program and Chen's segmentations that the
+    model fits in ``budget_bytes``; CP-SAT starts from it and never returns worse."""
+    fitting = [s for s in (Schedule(), *_chen_starts(graph)) if simulate(graph, s).peak_bytes <= budget_bytes]
+    return min(fitting, key=lambda s: (simulate(graph, s).recompute_flops, sorted(s.cuts)), default=None)
+
+
+def _hint(enc: _Encoding, schedule: Schedule) -> None:
+    for c, x in enc.cut.items():
+        enc.model.AddHint(x, c in schedule.cuts)
+    for v, x in enc.save.items():
+        enc.model.AddHint(x, v in schedule.saved)

@@ -9,7 +9,18 @@ numerics do not change: a checkpoint only decides what is stored).
 ``custom_jvp_call`` and ``custom_vjp_call`` stay as single equations: their
 differentiation rules belong to the user, and partial evaluation of the JVP
 (stage 2) shows their residuals at the primitive level anyway. Control flow
-(``cond``, ``scan``, ``while``) also stays whole: each is one unit to the planner.
+(``cond``, ``while``) also stays whole: each is one unit to the planner.
+
+A ``scan`` over at most ``unroll_limit`` iterations (the scan over a model's
+layers) is unrolled: its stacked inputs are split into per-iteration slices,
+its body is inlined once per iteration and its stacked outputs are
+concatenated, so that the planner can place checkpoints between iterations and
+inside them — storing every k-th carry, or saving some of the body's values and
+recomputing the rest, is then one plan over both levels under one budget. A
+longer scan stays one unit (its body is planned by nobody; the cost of its
+stacked residuals is still counted). :attr:`TracedProgram.unrolled_scans`
+says how many were unrolled: the flat program then differs from the user's
+(same values, no loop), which the pipeline measures on its own.
 
 Tracing also follows the tangents the way JAX's JVP does (which values a
 differentiated input reaches; ``stop_gradient`` and integer values stop them)
@@ -55,6 +66,9 @@ class TracedProgram:
             JAX's JVP propagates them (``stop_gradient``, integer values and
             values computed from non-differentiated inputs carry none). A
             rewritten segment must differentiate only these.
+        unrolled_scans: how many ``scan`` equations were unrolled into ``jaxpr``
+            (nested ones included); nonzero means the flat program has no loop
+            where the user's has one.
     """
 
     jaxpr: core.ClosedJaxpr
@@ -62,6 +76,7 @@ class TracedProgram:
     out_tree: Any
     differentiable: tuple[bool, ...]
     tangent_vars: frozenset[core.Var]
+    unrolled_scans: int = 0
 
 
 def eval_eqn(eqn: core.JaxprEqn, invals: Sequence[Any]) -> list[Any]:
@@ -77,30 +92,78 @@ def read_atom(env: dict, atom: Any) -> Any:
     return atom.val if isinstance(atom, core.Literal) else env[atom]
 
 
-def _eval_inlined(jaxpr: core.Jaxpr, consts: Sequence[Any], *args: Any) -> list[Any]:
-    env: dict = dict(zip(jaxpr.constvars, consts))
-    env.update(zip(jaxpr.invars, args))
-    for eqn in jaxpr.eqns:
-        invals = [read_atom(env, v) for v in eqn.invars]
-        name = eqn.primitive.name
-        if name in _CALL_PARAMS:
-            inner = eqn.params[_CALL_PARAMS[name]]
-            if isinstance(inner, core.ClosedJaxpr):
-                outs = _eval_inlined(inner.jaxpr, inner.consts, *invals)
+class _Inliner:
+    """Evaluates a jaxpr with calls, checkpoints and short scans inlined."""
+
+    def __init__(self, unroll_limit: int):
+        self.unroll_limit = unroll_limit
+        self.unrolled = 0
+
+    def eval(self, jaxpr: core.Jaxpr, consts: Sequence[Any], *args: Any) -> list[Any]:
+        env: dict = dict(zip(jaxpr.constvars, consts))
+        env.update(zip(jaxpr.invars, args))
+        for eqn in jaxpr.eqns:
+            invals = [read_atom(env, v) for v in eqn.invars]
+            name = eqn.primitive.name
+            if name in _CALL_PARAMS:
+                inner = eqn.params[_CALL_PARAMS[name]]
+                if isinstance(inner, core.ClosedJaxpr):
+                    outs = self.eval(inner.jaxpr, inner.consts, *invals)
+                else:
+                    outs = self.eval(inner, (), *invals)
+            elif name in _CHECKPOINT_PRIMITIVES:
+                outs = self.eval(eqn.params["jaxpr"], (), *invals)
+            elif name == "scan" and 0 < eqn.params["length"] <= self.unroll_limit:
+                outs = self.scan(eqn, invals)
             else:
-                outs = _eval_inlined(inner, (), *invals)
-        elif name in _CHECKPOINT_PRIMITIVES:
-            outs = _eval_inlined(eqn.params["jaxpr"], (), *invals)
-        else:
-            outs = eval_eqn(eqn, invals)
-        env.update(zip(eqn.outvars, outs))
-    return [read_atom(env, v) for v in jaxpr.outvars]
+                outs = eval_eqn(eqn, invals)
+            env.update(zip(eqn.outvars, outs))
+        return [read_atom(env, v) for v in jaxpr.outvars]
+
+    def scan(self, eqn: core.JaxprEqn, invals: Sequence[Any]) -> list[Any]:
+        """One ``scan`` equation as ``length`` inlined copies of its body.
+
+        The stacked inputs are split once (JAX transposes a ``split`` into one
+        ``concatenate``, so the stacked gradient costs no per-iteration
+        padding), and each per-iteration output is concatenated at the end.
+        """
+        p = eqn.params
+        n_consts, n_carry, length = p["num_consts"], p["num_carry"], p["length"]
+        body: core.ClosedJaxpr = p["jaxpr"]
+        consts, carry = invals[:n_consts], list(invals[n_consts : n_consts + n_carry])
+        with source_info_util.user_context(eqn.source_info.traceback):
+            slices = [
+                [jax.lax.squeeze(s, (0,)) for s in jax.lax.split(x, (1,) * length)] if length > 1
+                else [jax.lax.squeeze(x, (0,))]
+                for x in invals[n_consts + n_carry :]
+            ]
+        ys: list[list[Any]] = [[] for _ in range(length)]
+        for i in reversed(range(length)) if p["reverse"] else range(length):
+            outs = self.eval(body.jaxpr, body.consts, *consts, *carry, *(s[i] for s in slices))
+            carry, ys[i] = outs[:n_carry], outs[n_carry:]
+        self.unrolled += 1
+        with source_info_util.user_context(eqn.source_info.traceback):
+            stacked = [
+                jax.lax.concatenate([jax.lax.expand_dims(y[k], (0,)) for y in ys], 0)
+                for k in range(len(eqn.outvars) - n_carry)
+            ]
+        return [*carry, *stacked]
 
 
-def flatten_jaxpr(closed: core.ClosedJaxpr) -> core.ClosedJaxpr:
-    """Inlines call and checkpoint equations, recursively, keeping source info."""
+def flatten_jaxpr(closed: core.ClosedJaxpr, unroll_limit: int = 0) -> tuple[core.ClosedJaxpr, int]:
+    """Inlines call and checkpoint equations, recursively, keeping source info.
+
+    Args:
+        closed: the traced program.
+        unroll_limit: scans of at most this many iterations are unrolled too.
+
+    Returns:
+        The flat program and how many scans were unrolled into it.
+    """
     avals = [v.aval for v in closed.jaxpr.invars]
-    return jax.make_jaxpr(lambda *a: _eval_inlined(closed.jaxpr, closed.consts, *a))(*avals)
+    inliner = _Inliner(unroll_limit)
+    flat = jax.make_jaxpr(lambda *a: inliner.eval(closed.jaxpr, closed.consts, *a))(*avals)
+    return flat, inliner.unrolled
 
 
 def normalize_argnums(argnums: int | Sequence[int], num_args: int) -> tuple[int, ...]:
@@ -134,7 +197,7 @@ def _check_leaf(path: str, leaf: Any) -> jax.ShapeDtypeStruct:
 
 
 def trace(
-    fn: Callable[..., Any], args: tuple, kwargs: dict, argnums: tuple[int, ...]
+    fn: Callable[..., Any], args: tuple, kwargs: dict, argnums: tuple[int, ...], unroll_limit: int = 0
 ) -> TracedProgram:
     """Traces ``fn(*args, **kwargs)`` to a flat jaxpr.
 
@@ -143,6 +206,7 @@ def trace(
         args: positional arguments (pytrees of arrays).
         kwargs: keyword arguments (pytrees of arrays), never differentiated.
         argnums: normalized positional indices that are differentiated.
+        unroll_limit: scans of at most this many iterations are unrolled.
 
     Returns:
         The traced program.
@@ -169,9 +233,9 @@ def trace(
         out_tree_box.append(out_tree)
         return leaves
 
-    closed = flatten_jaxpr(jax.make_jaxpr(flat_fn)(*specs))
+    closed, unrolled = flatten_jaxpr(jax.make_jaxpr(flat_fn)(*specs), unroll_limit)
     tangent_vars = check_plannable(closed, diff)
-    return TracedProgram(closed, in_tree, out_tree_box[0], tuple(diff), tangent_vars)
+    return TracedProgram(closed, in_tree, out_tree_box[0], tuple(diff), tangent_vars, unrolled)
 
 
 # --- What the later stages cannot plan through ---------------------------------------
