@@ -12,6 +12,10 @@ equation of the known program becomes a compute unit, every value a node.
 A value is a *residual* when the linear program reads it. A residual must be
 available in the backward: stored by the forward (saved by name, or crossing a
 segment boundary) or recomputed from values that are.
+
+The program is linearized as XLA runs it, where that differs in what gets a
+buffer: on XLA:CPU a ``float16``/``bfloat16`` dot or convolution is computed in
+``float32`` (:mod:`remat_opt._precision`), so its residuals are ``float32`` copies.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from jax._src.interpreters import partial_eval as pe
 
 from ._cost import CostModel, FlopCostModel
 from ._names import eqn_index_of, eval_program
+from ._precision import upcast_dtypes, upcasting_evaluator
 from ._trace import TracedProgram
 
 
@@ -217,7 +222,10 @@ def _source_line(eqn: core.JaxprEqn) -> str:
 
 
 def build_graph(traced: TracedProgram, cost_model: CostModel | None = None) -> ProgramGraph:
-    """Linearizes the traced program and returns its compute graph.
+    """Linearizes the traced program, as XLA runs it, and returns its compute graph.
+
+    Half-precision dots and convolutions are linearized in float32 where XLA
+    computes them so (:mod:`remat_opt._precision`): their residuals are float32 copies.
 
     Args:
         traced: the flat program from :func:`remat_opt._trace.trace`.
@@ -233,10 +241,12 @@ def build_graph(traced: TracedProgram, cost_model: CostModel | None = None) -> P
     diff_avals = [a for a, d in zip(in_avals, diff) if d]
     fixed_avals = [a for a, d in zip(in_avals, diff) if not d]
 
+    evaluate = upcasting_evaluator(upcast_dtypes())
+
     def primal(dargs: list, fixed: list) -> list:
         it_d, it_f = iter(dargs), iter(fixed)
         full = [next(it_d) if d else next(it_f) for d in diff]
-        return eval_program(closed, full)
+        return eval_program(closed, full, evaluate)
 
     def jvp(dargs: list, tangents: list, fixed: list) -> Any:
         return jax.jvp(lambda *p: primal(list(p), fixed), dargs, tangents)

@@ -13,7 +13,7 @@ rewritten program in agreement.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -43,15 +43,22 @@ def is_nameable(aval: Any) -> bool:
     return hasattr(aval, "dtype") and jnp.issubdtype(aval.dtype, jnp.inexact)
 
 
+Evaluator = Callable[[core.JaxprEqn, Sequence[Any]], list[Any]]
+
+
 def eval_named(
-    jaxpr: core.Jaxpr, env: dict, start: int, stop: int
+    jaxpr: core.Jaxpr, env: dict, start: int, stop: int, evaluate: Evaluator = eval_eqn
 ) -> None:
-    """Evaluates primal equations ``start:stop`` into ``env``, scoped and named."""
+    """Evaluates primal equations ``start:stop`` into ``env``, scoped and named.
+
+    ``evaluate`` binds one equation (:func:`remat_opt._trace.eval_eqn`); the
+    graph passes one that spells out what XLA does inside an equation.
+    """
     for i in range(start, stop):
         eqn = jaxpr.eqns[i]
         invals = [read_atom(env, v) for v in eqn.invars]
         with jax.named_scope(f"{_SCOPE}{i}"):
-            outs = eval_eqn(eqn, invals)
+            outs = evaluate(eqn, invals)
             outs = [
                 checkpoint_name(o, value_name(i, k)) if is_nameable(v.aval) else o
                 for k, (v, o) in enumerate(zip(eqn.outvars, outs))
@@ -59,9 +66,11 @@ def eval_named(
         env.update(zip(eqn.outvars, outs))
 
 
-def eval_program(closed: core.ClosedJaxpr, args: Sequence[Any]) -> list[Any]:
+def eval_program(
+    closed: core.ClosedJaxpr, args: Sequence[Any], evaluate: Evaluator = eval_eqn
+) -> list[Any]:
     """Evaluates the whole flat program with every value named."""
     env: dict = dict(zip(closed.jaxpr.constvars, closed.consts))
     env.update(zip(closed.jaxpr.invars, args))
-    eval_named(closed.jaxpr, env, 0, len(closed.jaxpr.eqns))
+    eval_named(closed.jaxpr, env, 0, len(closed.jaxpr.eqns), evaluate)
     return [read_atom(env, v) for v in closed.jaxpr.outvars]

@@ -1,0 +1,95 @@
+"""Mixed precision: bfloat16 activations computed from float32 parameters.
+
+XLA:CPU has no half-precision dot: its float-normalization pass computes a
+bfloat16 ``dot_general`` in float32, each operand converted into a buffer of
+its own, which the forward and the backward share. The graph is linearized as
+XLA runs it (:mod:`remat_opt._precision`), so the residuals a dot's
+backward reads are float32 copies. These tests hold the model's predicted peak
+against XLA's ``memory_analysis()`` for the program as written and under
+fenced schedules, the way :func:`remat_opt.optimize` uses it (calibrated on the
+plain program's peak).
+"""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from remat_opt import peak_bytes
+from remat_opt._chen import chen_sqrt_n_schedule
+from remat_opt._graph import build_graph
+from remat_opt._memory import Schedule, calibrate, simulate
+from remat_opt._optimize import apply_schedule
+from remat_opt._trace import trace
+
+pytestmark = pytest.mark.skipif(
+    jax.default_backend() != "cpu", reason="the upcast rule is XLA:CPU's (float-normalization)"
+)
+
+# The configuration issue 3 measured (the model predicted 0.61x of XLA's plain peak).
+BATCH, WIDTH, LAYERS = 1024, 256, 8
+TOLERANCE = 0.05  # issue 3: a bf16-activation model's predicted peak within 5% of XLA's
+# Not modelled, and partly cancelling at this shape: a fenced backward keeps a
+# float32 copy of the bf16 cotangent its dots read (the model counts less), and
+# XLA lays float32 weight copies into gradient buffers not yet written (the
+# model counts more). Other shapes of this MLP land within about 10%.
+
+
+def bf16_mlp(ws, x):
+    x = x.astype(jnp.bfloat16)
+    for w in ws:
+        x = jnp.tanh(x @ w.astype(jnp.bfloat16))
+    return jnp.mean(x.astype(jnp.float32) ** 2)
+
+
+ARGS = (
+    [jax.ShapeDtypeStruct((WIDTH, WIDTH), jnp.float32)] * LAYERS,
+    jax.ShapeDtypeStruct((BATCH, WIDTH), jnp.float32),
+)
+
+
+@pytest.fixture(scope="module")
+def program():
+    graph = build_graph(trace(bf16_mlp, ARGS, {}, (0,)))
+    return graph, peak_bytes(bf16_mlp, *ARGS)
+
+
+def relative_error(predicted: int, measured: int) -> float:
+    return abs(predicted - measured) / measured
+
+
+def test_xla_cpu_computes_bfloat16_dots_in_float32_and_the_graph_says_so(program):
+    # The fact the rule rests on (re-measure it when JAX moves): no dot of the
+    # compiled step writes bfloat16.
+    hlo = jax.jit(jax.value_and_grad(bf16_mlp)).lower(*ARGS).compile().as_text()
+    assert re.search(r"= f32\[[\d,]*\]\{[\d,]*\} dot\(", hlo)
+    assert not re.search(r"= bf16\[[\d,]*\]\{[\d,]*\} dot\(", hlo)
+    graph, _ = program
+    dot_operands = {v for u in graph.units if u.primitive == "dot_general" for v in u.inputs}
+    assert dot_operands and {graph.node_dtype[v] for v in dot_operands} == {"float32"}
+    read_by_backward = [v for v in dot_operands if graph.residual[v]]
+    assert read_by_backward  # the backward keeps the float32 copies
+
+
+def test_bf16_plain_peak(program):
+    graph, plain = program
+    calibrated = calibrate(graph, plain)
+    # Calibration is a fit, not a clamp: the model alone is close (it was 38%
+    # under XLA, and the fit clamped at 2x, when it sized bf16 dot operands as bf16).
+    assert 0.75 <= calibrated.plain_storage_scale <= 1.25
+    assert relative_error(simulate(graph, Schedule(plain=True)).peak_bytes, plain) <= 0.10
+    assert relative_error(simulate(calibrated, Schedule(plain=True)).peak_bytes, plain) <= TOLERANCE
+
+
+@pytest.mark.parametrize("num_segments", [2, 3, 4])
+def test_bf16_fenced_schedule_peak(program, num_segments):
+    graph, plain = program
+    graph = calibrate(graph, plain)
+    schedule = chen_sqrt_n_schedule(graph, num_segments)
+    assert schedule.cuts
+    measured = peak_bytes(apply_schedule(bf16_mlp, graph, schedule), *ARGS)
+    assert measured < plain
+    assert relative_error(simulate(graph, schedule).peak_bytes, measured) <= TOLERANCE
