@@ -11,6 +11,7 @@ budget XLA confirms.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from collections.abc import Callable, Sequence
@@ -24,12 +25,13 @@ from ._budget import parse_bytes
 from ._cost import CostModel
 from ._errors import InfeasibleBudgetError
 from ._graph import ProgramGraph, build_graph
+from ._loops import loop_candidates, loop_program, scan_lengths
 from ._measure import abstract, gradient_flops, peak_bytes
 from ._memory import Schedule, Simulation, calibrate, simulate
 from ._plan import Plan
 from ._rewrite import rewrite
 from ._solve import SolverOptions, low_memory_schedules, min_peak_schedule, solve
-from ._trace import normalize_argnums, trace
+from ._trace import TracedProgram, normalize_argnums, trace
 
 
 @dataclass(frozen=True)
@@ -51,8 +53,13 @@ def apply_schedule(fn: Callable[..., Any], graph: ProgramGraph, schedule: Schedu
     """
     if schedule.plain and not graph.traced.unrolled_scans:
         return fn
-    program = rewrite(graph, schedule)
-    traced = graph.traced
+    return with_signature(fn, graph.traced, rewrite(graph, schedule))
+
+
+def with_signature(
+    fn: Callable[..., Any], traced: TracedProgram, program: Callable[..., list[Any]]
+) -> Callable[..., Any]:
+    """A flat program of ``traced`` as a function with ``fn``'s signature and outputs."""
 
     @functools.wraps(fn)
     def rewritten(*args: Any, **kwargs: Any) -> Any:
@@ -154,6 +161,59 @@ class OptimizedFunction:
                               "PLAIN", 0.0, 0.0, 0)
             return plan, self.fn
 
+        loops = self._loop_plans(args, kwargs, argnums, nums, measure, baseline_flops, plain_peak) \
+            if traced.unrolled_scans else []
+        best_loop = min((lp for lp in loops if lp[0].measured_peak_bytes <= budget),
+                        key=lambda lp: lp[0].measured_recompute_flops, default=None)
+        try:
+            planned = self._solve_schedule(graph, budget, args, kwargs, nums, measure, baseline_flops, plain_peak)
+        except InfeasibleBudgetError as err:
+            if best_loop is not None:
+                return best_loop
+            lowest_loop = min(loops, key=lambda lp: lp[0].measured_peak_bytes, default=None)
+            if lowest_loop is not None and lowest_loop[0].measured_peak_bytes < err.min_budget_bytes:
+                plan = lowest_loop[0]
+                raise InfeasibleBudgetError(
+                    budget, plan.measured_peak_bytes, detail=f"(XLA measured {plan.measured_peak_bytes:,} bytes "
+                    f"for the lowest-memory plan: {plan.loop_plan}.)") from err
+            raise
+        if best_loop is not None and best_loop[0].measured_recompute_flops < planned[0].measured_recompute_flops:
+            return best_loop
+        return planned
+
+    def _loop_plans(self, args: tuple, kwargs: dict, argnums: tuple[int, ...], nums: Any,
+                    measure: Callable[[Callable[..., Any]], int], baseline_flops: int,
+                    plain_peak: int) -> list[tuple[Plan, Callable[..., Any]]]:
+        """Every loop plan (:mod:`remat_opt._loops`) of the program's scans, measured on XLA.
+
+        The model's prediction for each uses the storage scale calibrated on
+        the program as written (loops and all); the choice is XLA's figure.
+        """
+        traced = trace(self.fn, args, kwargs, argnums)
+        scale = calibrate(build_graph(traced, self.cost_model), plain_peak).plain_storage_scale
+        plans = []
+        for loop in loop_candidates(scan_lengths(traced)):
+            started = time.perf_counter()
+            program = with_signature(self.fn, traced, loop_program(traced, loop))
+            graph = build_graph(trace(program, args, kwargs, argnums), self.cost_model)
+            graph = dataclasses.replace(graph, plain_storage_scale=scale)
+            sim = simulate(graph, Schedule(plain=True))
+            measured = measure(program)
+            flops = gradient_flops(program, args, kwargs, nums, self.cost_model, self.has_aux) - baseline_flops
+            # Chosen among a finite family by measurement: no bound but 0 FLOPs.
+            plan = dataclasses.replace(
+                self._plan(graph, sim, Schedule(plain=True), measured, plain_peak, flops, baseline_flops,
+                           "FEASIBLE" if flops > 0 else "OPTIMAL", 1.0 if flops > 0 else 0.0,
+                           time.perf_counter() - started, 1),
+                recompute_flops=flops, loop_plan=loop,
+            )
+            plans.append((plan, program))
+        return plans
+
+    def _solve_schedule(self, graph: ProgramGraph, budget: int, args: tuple, kwargs: dict, nums: Any,
+                        measure: Callable[[Callable[..., Any]], int], baseline_flops: int,
+                        plain_peak: int) -> tuple[Plan, Callable[..., Any]]:
+        """CP-SAT's schedule on ``graph``, tightened until XLA confirms the budget."""
         target, solve_seconds, bound, lowest, solves = budget, 0.0, 0.0, None, 0
         for attempt in range(1, self.max_attempts + 1):
             solves = attempt

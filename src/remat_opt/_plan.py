@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import networkx as nx
 
 from ._budget import format_bytes
+from ._loops import LoopPlan
 from ._memory import Schedule
 
 
@@ -48,6 +49,12 @@ class Plan:
             strategy that is not a schedule on the graph (a JAX checkpoint policy).
         strategy: who made the plan ("remat_opt", or a baseline's name).
         jax_version: the jax version it was measured with.
+        loop_plan: set when the program's scans are kept as loops and
+            checkpointed as a whole (:class:`remat_opt._loops.LoopPlan`, chosen by
+            measurement among the plans users write by hand; ``recompute_flops``
+            is then the measured figure, ``gap`` is against the trivial bound 0
+            and ``graph`` is the loop program's); ``None`` when the plan is a
+            ``schedule`` on the program as traced (scans unrolled).
     """
 
     graph: nx.DiGraph = field(repr=False, compare=False)
@@ -65,6 +72,7 @@ class Plan:
     schedule: Schedule | None
     strategy: str = "remat_opt"
     jax_version: str = ""
+    loop_plan: LoopPlan | None = None
 
     @property
     def num_segments(self) -> int | None:
@@ -88,11 +96,12 @@ class Plan:
         plain = "" if self.plain_peak_bytes is None else f" (plain {format_bytes(self.plain_peak_bytes)})"
         status = self.status + (f", gap {self.gap:.1%}" if self.status == "FEASIBLE" else "")
         predicted = "none" if self.predicted_peak_bytes is None else format_bytes(self.predicted_peak_bytes)
-        decisions = (
-            "not a schedule"
-            if self.schedule is None
-            else f"{self.num_segments} segment(s), {len(self.schedule.saved)} value(s) saved by name"
-        )
+        if self.loop_plan is not None:
+            decisions = str(self.loop_plan)
+        elif self.schedule is None:
+            decisions = "not a schedule"
+        else:
+            decisions = f"{self.num_segments} segment(s), {len(self.schedule.saved)} value(s) saved by name"
         return (
             f"Plan[{self.strategy}] {status}: budget {format_bytes(self.budget_bytes)}, "
             f"predicted peak {predicted}, measured {measured}{plain}; {decisions}; "

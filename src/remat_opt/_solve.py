@@ -61,8 +61,8 @@ class SolverOptions:
             that makes a time-out repeatable).
         num_workers: parallel search workers (interleaved, deterministic).
         seed: random seed.
-        max_cut_candidates: positions offered as segment starts; the ones
-            with the fewest bytes crossing them are kept.
+        max_cut_candidates: positions offered as segment starts (see
+            :func:`cut_candidates`), besides the starting schedule's cuts.
     """
 
     time_limit_s: float = 120.0
@@ -84,11 +84,27 @@ class Solution:
     solve_seconds: float
 
 
-def cut_candidates(graph: ProgramGraph, limit: int) -> tuple[int, ...]:
-    """Positions where a segment may start: those with the fewest crossing bytes."""
-    positions = range(1, graph.num_positions)
-    ranked = sorted(positions, key=lambda c: (graph.crossing_bytes(c), c))
-    return tuple(sorted(ranked[:limit]))
+def cut_candidates(graph: ProgramGraph, limit: int, include: frozenset[int] = frozenset()) -> tuple[int, ...]:
+    """Positions where a segment may start.
+
+    Half of ``limit`` are the positions with the fewest crossing bytes; the
+    other half, the narrowest position of each of ``limit / 2`` equal windows
+    of the program, so that every part of a long program (every layer of an
+    unrolled scan) can be cut. ``include`` (a starting schedule's cuts) is
+    added, so that the start is a solution of the model.
+    """
+    n = graph.num_positions
+    positions = range(1, n)
+    if n - 1 <= limit:
+        return tuple(positions)
+    key = lambda c: (graph.crossing_bytes(c), c)  # noqa: E731
+    chosen = set(sorted(positions, key=key)[: limit - limit // 2])
+    windows = max(1, limit // 2)
+    for w in range(windows):
+        lo, hi = 1 + w * (n - 1) // windows, 1 + (w + 1) * (n - 1) // windows
+        if lo < hi:
+            chosen.add(min(range(lo, hi), key=key))
+    return tuple(sorted(chosen | {c for c in include if 0 < c < n}))
 
 
 def save_candidates(graph: ProgramGraph) -> tuple[int, ...]:
@@ -298,7 +314,8 @@ def min_peak_schedule(graph: ProgramGraph, options: SolverOptions = SolverOption
     search may stop before it has improved on that start.
     """
     best_start = _chen_starts(graph)[0]
-    enc = _Encoding(graph, cut_candidates(graph, options.max_cut_candidates), save_candidates(graph))
+    cuts = cut_candidates(graph, options.max_cut_candidates, best_start.cuts)
+    enc = _Encoding(graph, cuts, save_candidates(graph))
     m = enc.model
     peak = m.NewIntVar(0, sum(graph.node_bytes) * 4 + graph.input_bytes + graph.output_bytes, "peak")
     for _, expr, enforce in enc.ends:
@@ -339,11 +356,12 @@ def solve(graph: ProgramGraph, budget_bytes: int, options: SolverOptions = Solve
             model can reach.
     """
     start = time.perf_counter()
-    enc = _Encoding(graph, cut_candidates(graph, options.max_cut_candidates), save_candidates(graph))
+    incumbent = _incumbent(graph, budget_bytes)
+    include = incumbent.cuts if incumbent is not None else frozenset()
+    enc = _Encoding(graph, cut_candidates(graph, options.max_cut_candidates, include), save_candidates(graph))
     for _, expr, enforce in enc.ends:
         enc.model.Add(expr <= budget_bytes).OnlyEnforceIf(enforce)
     enc.model.Minimize(enc.flops)
-    incumbent = _incumbent(graph, budget_bytes)
     if incumbent is not None:
         _hint(enc, incumbent)
     solver = _solver(options)

@@ -13,6 +13,7 @@ default widths they dominate a block's activation memory (see
 :func:`attention_score_bytes`).
 """
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,7 +26,9 @@ from jax import lax
 
 from ._spec import ModelSpec, normal, numpy_rng, to_jax
 
-__all__ = ["GPTConfig", "init", "block", "loss", "num_layers", "attention_score_bytes", "SPEC"]
+__all__ = [
+    "GPTConfig", "init", "block", "loss", "stack_layers", "scan_loss", "num_layers", "attention_score_bytes", "SPEC",
+]
 
 Params = dict[str, Any]
 Batch = dict[str, jax.Array]
@@ -148,6 +151,18 @@ def block(layer_params: Params, x: jax.Array) -> jax.Array:
     return x + h @ p["w_proj"] + p["b_proj"]
 
 
+def _embed(params: Params, tokens: jax.Array) -> jax.Array:
+    return jnp.take(params["wte"], tokens, axis=0) + params["wpe"][: tokens.shape[1]]
+
+
+def _head(params: Params, h: jax.Array, batch: Batch) -> jax.Array:
+    h = _layer_norm(h, params["ln_f_scale"], params["ln_f_bias"])
+    unembed = params["unembed"] if "unembed" in params else params["wte"].T
+    logp = jax.nn.log_softmax(h @ unembed, axis=-1)
+    picked = jnp.take_along_axis(logp, batch["targets"][..., None], axis=-1)
+    return -jnp.mean(picked)
+
+
 def loss(
     params: Params,
     batch: Batch,
@@ -167,16 +182,65 @@ def loss(
         Scalar float32 loss.
     """
     wrap = layer_wrapper if layer_wrapper is not None else (lambda f: f)
-    tokens = batch["tokens"]
-    seq = tokens.shape[1]
-    h = jnp.take(params["wte"], tokens, axis=0) + params["wpe"][:seq]
+    h = _embed(params, batch["tokens"])
     for layer_params in params["layers"]:
         h = wrap(block)(layer_params, h)
-    h = _layer_norm(h, params["ln_f_scale"], params["ln_f_bias"])
-    unembed = params["unembed"] if "unembed" in params else params["wte"].T
-    logp = jax.nn.log_softmax(h @ unembed, axis=-1)
-    picked = jnp.take_along_axis(logp, batch["targets"][..., None], axis=-1)
-    return -jnp.mean(picked)
+    return _head(params, h, batch)
+
+
+def stack_layers(params: Params) -> Params:
+    """``params`` with ``layers`` stacked into one dict of ``(num_layers, ...)`` arrays,
+    the layout :func:`scan_loss` runs ``lax.scan`` over."""
+    stacked = dict(params)
+    stacked["layers"] = jax.tree.map(lambda *leaves: jnp.stack(leaves), *params["layers"])
+    return stacked
+
+
+def scan_loss(
+    params: Params,
+    batch: Batch,
+    *,
+    body_policy: Callable[..., bool] | None = None,
+    groups: int = 1,
+) -> jax.Array:
+    """:func:`loss` with the blocks run by ``lax.scan`` over stacked layer params.
+
+    The usual way large JAX models are written, and the two ways their users
+    checkpoint them by hand: a policy on the scan body, and the scan split
+    into ``groups`` nested scans, each group checkpointed whole (sqrt(L)
+    checkpointing over layers).
+
+    Args:
+        params: As returned by :func:`stack_layers`.
+        batch: As returned by :func:`init`.
+        body_policy: If given, the body runs under ``jax.checkpoint`` with it.
+        groups: Must divide the number of layers; ``1`` means one flat scan.
+
+    Returns:
+        Scalar float32 loss, equal to :func:`loss` on the unstacked params.
+    """
+    h = _embed(params, batch["tokens"])
+
+    def body(x: jax.Array, layer_params: Params) -> tuple[jax.Array, None]:
+        return block(layer_params, x), None
+
+    if body_policy is not None:
+        body = jax.checkpoint(body, policy=body_policy)
+    layers = params["layers"]
+    count = jax.tree.leaves(layers)[0].shape[0]
+    if groups == 1:
+        h, _ = lax.scan(body, h, layers)
+    else:
+        if count % groups:
+            raise ValueError(f"groups={groups} must divide the {count} layers.")
+        grouped = jax.tree.map(lambda a: a.reshape(groups, count // groups, *a.shape[1:]), layers)
+
+        @functools.partial(jax.checkpoint, policy=jax.checkpoint_policies.nothing_saveable)
+        def group(x: jax.Array, group_params: Params) -> tuple[jax.Array, None]:
+            return lax.scan(body, x, group_params)[0], None
+
+        h, _ = lax.scan(group, h, grouped)
+    return _head(params, h, batch)
 
 
 def num_layers(config: GPTConfig) -> int:

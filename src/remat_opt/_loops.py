@@ -1,0 +1,141 @@
+"""Loop plans: a ``lax.scan`` kept as a loop, its body and iterations checkpointed.
+
+Unrolling a scan over layers (:mod:`remat_opt._trace`) lets CP-SAT place
+checkpoints anywhere, but it costs what the loop gets for free: the unrolled
+program splits the stacked inputs into per-iteration copies and concatenates
+the per-iteration gradients at the end, where XLA's loop slices and updates
+the stacked buffers in place. At tight budgets, the plans users write by hand
+on the loop itself then win. A loop plan is one of them, chosen by
+measurement:
+
+* ``policy``: the scan body under ``jax.checkpoint`` with one of JAX's
+  built-in policies (``None``: the body as written). XLA honours remat inside a
+  loop body: the recomputation lives in the backward loop (FINDINGS §2).
+* ``chunks``: the iterations nested in ``chunks`` groups, each group an inner
+  scan checkpointed whole, so the forward stores one carry per group and the
+  backward recomputes one group at a time (Chen's sqrt(n) on a loop).
+
+Every top-level scan of the program gets the same plan (nested only where
+``chunks`` divides its length); scans inside a scan body are left alone.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+from jax import lax
+from jax._src import core
+
+from ._policies import POLICIES
+from ._trace import TracedProgram, eval_eqn, read_atom
+
+
+@dataclass(frozen=True)
+class LoopPlan:
+    """How each scan of the program, kept as a loop, is checkpointed.
+
+    Attributes:
+        policy: a JAX built-in policy (a key of ``remat_opt._policies.POLICIES``)
+            applied to the scan body with ``jax.checkpoint``; ``None`` leaves the
+            body as written.
+        chunks: the iterations run as ``chunks`` groups, each an inner scan
+            under ``jax.checkpoint`` that saves nothing (1: no nesting).
+    """
+
+    policy: str | None
+    chunks: int = 1
+
+    def __str__(self) -> str:
+        body = "body as written" if self.policy is None else f"body under {self.policy}"
+        nesting = "" if self.chunks == 1 else f", iterations in {self.chunks} checkpointed groups"
+        return f"scan kept as a loop, {body}{nesting}"
+
+
+def scan_lengths(traced: TracedProgram) -> list[int]:
+    """Lengths of the top-level scans that carry a tangent (the ones worth planning)."""
+    return [
+        e.params["length"]
+        for e in traced.jaxpr.jaxpr.eqns
+        if e.primitive.name == "scan" and any(v in traced.tangent_vars for v in e.outvars)
+    ]
+
+
+def _near_sqrt_divisors(length: int, count: int = 2) -> list[int]:
+    divisors = [d for d in range(2, length) if length % d == 0]
+    return sorted(divisors, key=lambda d: (abs(d - math.sqrt(length)), d))[:count]
+
+
+def loop_candidates(lengths: Sequence[int]) -> list[LoopPlan]:
+    """The loop plans worth measuring for scans of these lengths.
+
+    Each built-in policy on the body, and the body as written, each without
+    nesting and with the two group counts nearest sqrt(length) (the hand-written
+    alternatives a user would try). The program as written, and
+    ``everything_saveable`` without nesting (the same thing), are left out.
+    """
+    chunk_options = [1, *sorted({d for n in lengths for d in _near_sqrt_divisors(n)})]
+    plans = []
+    for policy in (None, *POLICIES):
+        for chunks in chunk_options:
+            if chunks == 1 and policy in (None, "everything_saveable"):
+                continue
+            plans.append(LoopPlan(policy, chunks))
+    return plans
+
+
+def _planned_scan(eqn: core.JaxprEqn, invals: Sequence[Any], plan: LoopPlan) -> list[Any]:
+    p = eqn.params
+    n_consts, n_carry, length, reverse = p["num_consts"], p["num_carry"], p["length"], p["reverse"]
+    body_jaxpr: core.ClosedJaxpr = p["jaxpr"]
+    consts = list(invals[:n_consts])
+    carry, xs = tuple(invals[n_consts : n_consts + n_carry]), tuple(invals[n_consts + n_carry :])
+
+    def body(c: tuple, x: tuple) -> tuple[tuple, tuple]:
+        outs = core.eval_jaxpr(body_jaxpr.jaxpr, body_jaxpr.consts, *consts, *c, *x)
+        return tuple(outs[:n_carry]), tuple(outs[n_carry:])
+
+    if plan.policy is not None:
+        body = jax.checkpoint(body, policy=POLICIES[plan.policy])
+    chunks = plan.chunks if 1 < plan.chunks < length and length % plan.chunks == 0 else 1
+    if chunks == 1:
+        carry, ys = lax.scan(body, carry, xs, length=length, reverse=reverse)
+        return [*carry, *ys]
+
+    def group(c: tuple, xg: tuple) -> tuple[tuple, tuple]:
+        return lax.scan(body, c, xg, length=length // chunks, reverse=reverse)
+
+    grouped = tuple(x.reshape(chunks, length // chunks, *x.shape[1:]) for x in xs)
+    carry, ys = lax.scan(
+        jax.checkpoint(group, policy=jax.checkpoint_policies.nothing_saveable),
+        carry, grouped, length=chunks, reverse=reverse,
+    )
+    return [*carry, *(y.reshape(length, *y.shape[2:]) for y in ys)]
+
+
+def loop_program(traced: TracedProgram, plan: LoopPlan) -> Callable[..., list[Any]]:
+    """The flat program of ``traced`` (scans not unrolled) with ``plan`` on its scans.
+
+    Returns:
+        A function of the flat inputs returning the flat outputs.
+    """
+    closed = traced.jaxpr
+    jaxpr = closed.jaxpr
+    planned = {
+        i for i, e in enumerate(jaxpr.eqns)
+        if e.primitive.name == "scan" and any(v in traced.tangent_vars for v in e.outvars)
+    }
+
+    def program(*flat_args: Any) -> list[Any]:
+        env: dict = dict(zip(jaxpr.constvars, closed.consts))
+        env.update(zip(jaxpr.invars, flat_args))
+        for i, eqn in enumerate(jaxpr.eqns):
+            invals = [read_atom(env, v) for v in eqn.invars]
+            outs = _planned_scan(eqn, invals, plan) if i in planned else eval_eqn(eqn, invals)
+            env.update(zip(eqn.outvars, outs))
+        return [read_atom(env, v) for v in jaxpr.outvars]
+
+    return program
