@@ -155,6 +155,16 @@ def test_cond_counts_the_most_expensive_branch() -> None:
     assert flops(f, True, x) == 2 * 10**3 + 100
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_reduce_precision_to_its_own_format_is_free(dtype) -> None:
+    x = jnp.ones((10,), dtype)
+    info = jnp.finfo(dtype)
+    same = lambda x: lax.reduce_precision(x, exponent_bits=info.nexp, mantissa_bits=info.nmant)  # noqa: E731
+    narrower = lambda x: lax.reduce_precision(x, exponent_bits=5, mantissa_bits=2)  # noqa: E731
+    assert flops(same, x) == 0  # what jax.checkpoint inserts against CSE; XLA drops it
+    assert flops(narrower, x) == 10
+
+
 def test_scan_multiplies_by_length() -> None:
     def body(carry, w):
         return jnp.tanh(carry @ w), None

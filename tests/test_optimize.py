@@ -60,7 +60,8 @@ def test_recompute_flops_match_rewritten_jaxpr(gpt_plans):
     _, plans = gpt_plans
     for plan in (p for _, p in plans.values()):
         assert plan.recompute_flops > 0
-        assert abs(plan.recompute_flops - plan.measured_recompute_flops) <= 0.01 * plan.baseline_flops, str(plan)
+        # The model's count against what the rewritten jaxpr computes beyond the plain gradient.
+        assert abs(plan.recompute_flops - plan.measured_recompute_flops) <= 0.01 * plan.recompute_flops, str(plan)
 
 
 def test_plan_graph_carries_decisions(small_gpt, gpt_plans):

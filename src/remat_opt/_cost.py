@@ -11,7 +11,9 @@ re-run. :class:`FlopCostModel` is the default price list:
 * reductions (``reduce_sum``, ``argmax``, ``cumsum``, ...) cost one FLOP per input
   element;
 * data movement and metadata (``reshape``, ``transpose``, ``slice``, ``gather``,
-  ``convert_element_type``, the ``name`` primitive of ``checkpoint_name``, ...) is free;
+  ``convert_element_type``, the ``name`` primitive of ``checkpoint_name``, ...) is free,
+  and so is a ``reduce_precision`` to its operand's own format (the no-op
+  ``jax.checkpoint`` inserts against CSE);
 * higher-order primitives are priced by what they run: ``jit``, calls, ``remat2``
   (``jax.checkpoint``) and custom-derivative calls by their body, ``cond`` by its most
   expensive branch, ``scan`` by ``length`` times its body and ``while`` by one body
@@ -29,6 +31,8 @@ Example:
 from __future__ import annotations
 
 import math
+
+import jax.numpy as jnp
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -189,7 +193,7 @@ class FlopCostModel:
     def _price(self, eqn: JaxprEqn) -> int:
         name = eqn.primitive.name
         params = eqn.params
-        if name in FREE_PRIMITIVES:
+        if name in FREE_PRIMITIVES or (name == "reduce_precision" and _is_identity_rounding(eqn)):
             return 0
         if name in ELEMENTWISE_PRIMITIVES:
             return _out_elements(eqn)
@@ -221,6 +225,18 @@ class FlopCostModel:
             )
         # Unknown primitive: one FLOP per output element plus whatever it runs inside.
         return _out_elements(eqn) + sum(jaxpr_flops(sub, self) for sub in _jaxprs_in_params(params))
+
+
+def _is_identity_rounding(eqn: JaxprEqn) -> bool:
+    """A ``reduce_precision`` to its operand's own format: the no-op that
+    ``jax.checkpoint`` inserts to keep XLA from merging a recomputation with
+    the forward, and that XLA then compiles to nothing."""
+    dtype = getattr(eqn.invars[0].aval, "dtype", None)
+    try:
+        info = jnp.finfo(dtype)
+    except (TypeError, ValueError):
+        return False
+    return (eqn.params.get("exponent_bits"), eqn.params.get("mantissa_bits")) == (info.nexp, info.nmant)
 
 
 def _dot_general_flops(eqn: JaxprEqn) -> int:

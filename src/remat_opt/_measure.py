@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+from jax._src.interpreters import partial_eval as pe
 
 from ._cost import CostModel, jaxpr_flops
 
@@ -67,6 +68,14 @@ def gradient_flops(
     cost_model: CostModel | None = None,
     has_aux: bool = False,
 ) -> int:
-    """FLOPs of the jaxpr of ``jax.value_and_grad(fn)``: forward, recomputation and backward."""
-    jaxpr = jax.make_jaxpr(jax.value_and_grad(fn, argnums=argnums, has_aux=has_aux))(*abstract(tuple(args)), **abstract(kwargs))
-    return jaxpr_flops(jaxpr, cost_model)
+    """FLOPs of the jaxpr of ``jax.value_and_grad(fn)``: forward, recomputation and backward.
+
+    Dead equations are dropped first (``pe.dce_jaxpr``, as XLA would): the
+    jaxpr of a gradient keeps, for instance, the mask a ``reduce_max`` JVP
+    computes for a tangent that a ``stop_gradient`` then discards, and whether
+    it does depends on how the program is nested in ``jit`` calls.
+    """
+    step = jax.value_and_grad(fn, argnums=argnums, has_aux=has_aux)
+    closed = jax.make_jaxpr(step)(*abstract(tuple(args)), **abstract(kwargs))
+    live, _ = pe.dce_jaxpr(closed.jaxpr, [True] * len(closed.jaxpr.outvars), instantiate=True)
+    return jaxpr_flops(live, cost_model)
