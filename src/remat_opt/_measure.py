@@ -7,6 +7,12 @@ argument + output + temp − alias from ``compiled.memory_analysis()``.
 (``peak_memory_in_bytes`` on CPU reports arguments and outputs only; FINDINGS §1.)
 FLOPs are counted on the jaxpr, because XLA's ``cost_analysis`` counts after
 CSE and hides or shows recomputation depending on its passes (FINDINGS §4).
+
+Arguments with static leaves (an Equinox module's activation functions; see
+:mod:`remat_opt._static`) are measured the way ``eqx.filter_value_and_grad``
+runs them: the floating array leaves of the ``argnums`` arguments are
+differentiated, the other arrays are inputs that are not, and the static
+leaves are closed over.
 """
 
 from __future__ import annotations
@@ -18,13 +24,43 @@ import jax
 from jax._src.interpreters import partial_eval as pe
 
 from ._cost import CostModel, jaxpr_flops
+from ._static import combine, is_inexact_array, is_traced, owners, split
+from ._trace import normalize_argnums
 
 
 def abstract(tree: Any) -> Any:
-    """``tree`` with every leaf replaced by its ``jax.ShapeDtypeStruct``."""
+    """``tree`` with every traced leaf replaced by its ``jax.ShapeDtypeStruct``
+    (static leaves are kept as they are)."""
     return jax.tree_util.tree_map(
-        lambda x: jax.ShapeDtypeStruct(jax.numpy.shape(x), jax.numpy.result_type(x)), tree
+        lambda x: jax.ShapeDtypeStruct(jax.numpy.shape(x), jax.numpy.result_type(x)) if is_traced(x) else x,
+        tree,
     )
+
+
+def gradient_step(
+    fn: Callable[..., Any], args: tuple, kwargs: dict, argnums: int | Sequence[int], has_aux: bool
+) -> tuple[Callable[..., Any], tuple, dict]:
+    """``jax.value_and_grad(fn, argnums)`` and the arguments to call it on.
+
+    Without static leaves, that is ``jax.value_and_grad(fn, argnums)`` on
+    ``args`` and ``kwargs``. With them, it is a function of two lists of
+    arrays, the differentiated ones (the floating array leaves of the
+    ``argnums`` arguments, as ``eqx.filter_value_and_grad`` picks them) and
+    the others, with the static leaves closed over.
+    """
+    leaves, static = split((args, kwargs))
+    if not static.any:
+        return jax.value_and_grad(fn, argnums=argnums, has_aux=has_aux), args, kwargs
+    nums = normalize_argnums(argnums, len(args))
+    diff = [owner in nums and is_inexact_array(x) for owner, x in zip(owners(args, kwargs), leaves)]
+
+    def step(diff_leaves: list, other_leaves: list) -> Any:
+        d, o = iter(diff_leaves), iter(other_leaves)
+        a, k = combine([next(d) if f else next(o) for f in diff], static)
+        return fn(*a, **k)
+
+    picked = ([x for x, f in zip(leaves, diff) if f], [x for x, f in zip(leaves, diff) if not f])
+    return jax.value_and_grad(step, has_aux=has_aux), picked, {}
 
 
 def peak_bytes(
@@ -35,7 +71,11 @@ def peak_bytes(
     Args:
         fn: a function returning a scalar.
         *args: positional arguments (arrays, pytrees, or ``jax.ShapeDtypeStruct``).
+            Leaves that are not arrays (an Equinox module's functions, Python
+            scalars) are static: closed over, not compiled inputs.
         argnums: the positional arguments differentiated, as in ``jax.grad``.
+            When some leaf is static, only the floating array leaves of these
+            arguments are, as in ``eqx.filter_value_and_grad``.
         has_aux: ``fn`` returns ``(loss, aux)``, as in ``jax.grad``.
         **kwargs: keyword arguments, not differentiated.
 
@@ -47,8 +87,8 @@ def peak_bytes(
         >>> remat_opt.peak_bytes(lambda w: jnp.sum(jnp.tanh(w)), jnp.ones(1024)) > 0
         True
     """
-    step = jax.jit(jax.value_and_grad(fn, argnums=argnums, has_aux=has_aux))
-    compiled = step.lower(*abstract(args), **abstract(kwargs)).compile()
+    step, args, kwargs = gradient_step(fn, args, kwargs, argnums, has_aux)
+    compiled = jax.jit(step).lower(*abstract(args), **abstract(kwargs)).compile()
     return memory_of(compiled)
 
 
@@ -75,7 +115,7 @@ def gradient_flops(
     computes for a tangent that a ``stop_gradient`` then discards, and whether
     it does depends on how the program is nested in ``jit`` calls.
     """
-    step = jax.value_and_grad(fn, argnums=argnums, has_aux=has_aux)
-    closed = jax.make_jaxpr(step)(*abstract(tuple(args)), **abstract(kwargs))
+    step, args, kwargs = gradient_step(fn, tuple(args), kwargs, argnums, has_aux)
+    closed = jax.make_jaxpr(step)(*abstract(args), **abstract(kwargs))
     live, _ = pe.dce_jaxpr(closed.jaxpr, [True] * len(closed.jaxpr.outvars), instantiate=True)
     return jaxpr_flops(live, cost_model)

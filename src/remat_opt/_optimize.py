@@ -31,18 +31,19 @@ from ._memory import Schedule, Simulation, calibrate, simulate
 from ._plan import Plan
 from ._rewrite import rewrite
 from ._solve import SolverOptions, low_memory_schedules, min_peak_schedule, solve
+from ._static import Static, split
 from ._trace import TracedProgram, normalize_argnums, trace
 
 
 @dataclass(frozen=True)
 class _Signature:
-    tree: Any
+    static: Static  # the tree structure and its static leaves (by equality, or identity)
     avals: tuple[tuple[tuple[int, ...], str], ...]
 
 
 def _signature(args: tuple, kwargs: dict) -> _Signature:
-    leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
-    return _Signature(tree, tuple((tuple(jax.numpy.shape(x)), str(jax.numpy.result_type(x))) for x in leaves))
+    leaves, static = split((args, kwargs))
+    return _Signature(static, tuple((tuple(jax.numpy.shape(x)), str(jax.numpy.result_type(x))) for x in leaves))
 
 
 def apply_schedule(fn: Callable[..., Any], graph: ProgramGraph, schedule: Schedule) -> Callable[..., Any]:
@@ -63,7 +64,7 @@ def with_signature(
 
     @functools.wraps(fn)
     def rewritten(*args: Any, **kwargs: Any) -> Any:
-        flat = jax.tree_util.tree_leaves((args, kwargs))
+        flat, _ = split((args, kwargs))  # static leaves were closed over when tracing
         return jax.tree_util.tree_unflatten(traced.out_tree, program(*flat))
 
     return rewritten
@@ -94,7 +95,10 @@ class OptimizedFunction:
 
     Calling it plans (once per argument shapes and dtypes) and runs the rewritten
     program; it composes with ``jax.jit``, ``jax.grad``, ``jax.value_and_grad``
-    and ``jax.vjp``.
+    and ``jax.vjp``, and with ``eqx.filter_value_and_grad``: argument leaves that
+    are not arrays (an Equinox module's functions, Python scalars) are static,
+    closed over and part of the plan's key, as in ``jax.jit``'s
+    ``static_argnums`` (compared by ``==``, or by identity when unhashable).
     """
 
     def __init__(

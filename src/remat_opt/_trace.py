@@ -45,6 +45,7 @@ from jax._src import core, effects, source_info_util
 from jax._src.interpreters import ad
 
 from ._errors import UnsupportedProgramError
+from ._static import combine, owners, split
 
 # Primitives whose only job is to group equations; inlined on tracing.
 _CALL_PARAMS = {"jit": "jaxpr", "pjit": "jaxpr", "closed_call": "call_jaxpr", "core_call": "call_jaxpr"}
@@ -57,7 +58,8 @@ class TracedProgram:
 
     Attributes:
         jaxpr: closed jaxpr with no call or checkpoint equations at top level.
-        in_tree: pytree structure of ``(args, kwargs)``.
+        in_tree: pytree structure of ``(args, kwargs)`` without their static
+            leaves: its leaves are the program's inputs, with their paths.
         out_tree: pytree structure of the function's output.
         differentiable: per flat input, whether it is a floating array
             reached by ``argnums`` (the inputs the planner differentiates).
@@ -184,18 +186,6 @@ def normalize_argnums(argnums: int | Sequence[int], num_args: int) -> tuple[int,
     return tuple(sorted({n % num_args for n in nums}))
 
 
-def _check_leaf(path: str, leaf: Any) -> jax.ShapeDtypeStruct:
-    if isinstance(leaf, (jax.Array, np.ndarray, np.generic, jax.ShapeDtypeStruct)):
-        return jax.ShapeDtypeStruct(np.shape(leaf), leaf.dtype)
-    if isinstance(leaf, (bool, int, float, complex)):
-        return jax.ShapeDtypeStruct((), jax.numpy.asarray(leaf).dtype)
-    raise TypeError(
-        f"argument leaf {path} is a {type(leaf).__name__}, not an array; remat_opt traces "
-        "every argument leaf as an array. Pass arrays (or Python scalars), or close over "
-        "static values with functools.partial before calling remat_opt.optimize."
-    )
-
-
 def trace(
     fn: Callable[..., Any], args: tuple, kwargs: dict, argnums: tuple[int, ...], unroll_limit: int = 0
 ) -> TracedProgram:
@@ -203,8 +193,10 @@ def trace(
 
     Args:
         fn: the user's function.
-        args: positional arguments (pytrees of arrays).
-        kwargs: keyword arguments (pytrees of arrays), never differentiated.
+        args: positional arguments: pytrees of arrays and static leaves (any
+            other object, Python scalars included; see :mod:`remat_opt._static`),
+            which are closed over and are not inputs of the traced program.
+        kwargs: keyword arguments, the same, never differentiated.
         argnums: normalized positional indices that are differentiated.
         unroll_limit: scans of at most this many iterations are unrolled.
 
@@ -212,22 +204,21 @@ def trace(
         The traced program.
 
     Raises:
-        TypeError: an argument leaf is not an array or scalar.
+        TypeError: an array leaf has a dtype JAX cannot trace (object, str).
         UnsupportedProgramError: the program holds an equation remat_opt cannot
             plan through (see :func:`check_plannable`).
     """
-    leaves_with_path, in_tree = jax.tree_util.tree_flatten_with_path((args, kwargs))
-    specs = [_check_leaf(jax.tree_util.keystr(p), leaf) for p, leaf in leaves_with_path]
-    diff = []
-    for path, spec in zip((p for p, _ in leaves_with_path), specs):
-        top = path[0].idx if hasattr(path[0], "idx") else None  # (args, kwargs)[0] -> args
-        argnum = path[1].idx if top == 0 and len(path) > 1 else None
-        diff.append(argnum in argnums and jax.numpy.issubdtype(spec.dtype, jax.numpy.inexact))
+    leaves, static = split((args, kwargs))
+    specs = [jax.ShapeDtypeStruct(np.shape(x), x.dtype) for x in leaves]
+    diff = [
+        argnum in argnums and jax.numpy.issubdtype(spec.dtype, jax.numpy.inexact)
+        for argnum, spec in zip(owners(args, kwargs), specs)
+    ]
 
     out_tree_box: list = []
 
     def flat_fn(*flat: Any) -> list[Any]:
-        a, k = jax.tree_util.tree_unflatten(in_tree, flat)
+        a, k = combine(flat, static)
         out = fn(*a, **k)
         leaves, out_tree = jax.tree_util.tree_flatten(out)
         out_tree_box.append(out_tree)
@@ -235,7 +226,7 @@ def trace(
 
     closed, unrolled = flatten_jaxpr(jax.make_jaxpr(flat_fn)(*specs), unroll_limit)
     tangent_vars = check_plannable(closed, diff)
-    return TracedProgram(closed, in_tree, out_tree_box[0], tuple(diff), tangent_vars, unrolled)
+    return TracedProgram(closed, static.traced_treedef, out_tree_box[0], tuple(diff), tangent_vars, unrolled)
 
 
 # --- What the later stages cannot plan through ---------------------------------------
@@ -249,8 +240,8 @@ _WHILE_HINT = (
     "A differentiated value flows through this lax.while_loop, and JAX cannot "
     "reverse-differentiate lax.while_loop, or lax.fori_loop with dynamic start/stop "
     "values (jax.grad raises ValueError on it too). Use lax.scan, or lax.fori_loop "
-    "with static (Python int) bounds: remat_opt traces every argument leaf, so bounds "
-    "passed as arguments are dynamic; close over them with functools.partial."
+    "with static (Python int) bounds: remat_opt traces every array leaf of the arguments, "
+    "so bounds passed as arrays are dynamic; pass Python ints, or close over them."
 )
 # Primitives whose JVP rule exists only to raise.
 _NO_DERIVATIVE = frozenset({"pure_callback"})
