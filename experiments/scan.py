@@ -63,15 +63,19 @@ def hand_written(params, batch, layers: int, baseline_flops: int) -> list[dict]:
 
 
 def default_budgets(rows: list[dict], plain: int) -> list[int]:
-    """Three budgets: the peaks of the cheapest hand-written alternatives under
-    0.5, 0.35 and 0.25 of the plain peak (each a budget some alternative meets)."""
-    budgets = []
+    """The peaks of the cheapest hand-written alternatives under 0.5, 0.35 and
+    0.25 of the plain peak (budgets a hand-written plan meets exactly), and
+    budgets between them, where the next alternative down costs more: 0.65 of
+    the plain peak and the midpoint of the two tightest."""
+    peaks = []
     for frac in (0.5, 0.35, 0.25):
         fitting = [r for r in rows if r["measured_peak_bytes"] <= frac * plain]
         if fitting:
             best = min(fitting, key=lambda r: (r["recompute_flops"], r["measured_peak_bytes"]))
-            budgets.append(best["measured_peak_bytes"])
-    return sorted(set(budgets), reverse=True)
+            peaks.append(best["measured_peak_bytes"])
+    peaks = sorted(set(peaks), reverse=True)
+    between = [int(0.65 * plain)] + ([(peaks[-2] + peaks[-1]) // 2] if len(peaks) >= 2 else [])
+    return sorted(set(peaks + between), reverse=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = [{"strategy": "no remat", "budget_bytes": None, "measured_peak_bytes": plain, "recompute_flops": 0}]
     rows += hand_written(params, batch, args.layers, baseline_flops)
     budgets = [int(b * MiB) for b in args.budgets] if args.budgets else default_budgets(rows, plain)
+    if args.quick and not args.budgets:
+        budgets = budgets[-2:]  # the two tightest
 
     table = []
     for budget in budgets:

@@ -37,3 +37,15 @@ def test_pareto_and_fidelity_quick(tmp_path):
     assert "max |relative error|" in report
     points = _rows(tmp_path / "fidelity.csv")
     assert len(points) >= len(ours)
+
+
+def test_scan_quick(tmp_path):
+    # A 4-layer scan GPT: every hand-written checkpoint of the loop, then remat_opt at the two
+    # tightest budgets; the script exits non-zero if remat_opt misses a budget or recomputes
+    # more than the best hand-written plan that fits.
+    out = _run("scan.py", "--quick", "--layers", "4", "--out", str(tmp_path))
+    assert "recomputes no more than the best fitting hand-written alternative" in out
+    rows = _rows(tmp_path / "scan_quick.csv")
+    ours = [r for r in rows if r["strategy"] == "remat_opt"]
+    assert len(ours) == 2
+    assert {"body nothing_saveable", "body dots_saveable, 2 groups"} <= {r["strategy"] for r in rows}

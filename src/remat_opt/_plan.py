@@ -94,7 +94,12 @@ class Plan:
     def __str__(self) -> str:
         measured = "not measured" if self.measured_peak_bytes is None else format_bytes(self.measured_peak_bytes)
         plain = "" if self.plain_peak_bytes is None else f" (plain {format_bytes(self.plain_peak_bytes)})"
-        status = self.status + (f", gap {self.gap:.1%}" if self.status == "FEASIBLE" else "")
+        if self.status != "FEASIBLE":
+            status = self.status
+        elif self.loop_plan is not None:
+            status = "FEASIBLE, the cheapest loop plan that fits (no lower bound)"
+        else:
+            status = f"FEASIBLE, gap {self.gap:.1%}"
         predicted = "none" if self.predicted_peak_bytes is None else format_bytes(self.predicted_peak_bytes)
         if self.loop_plan is not None:
             decisions = str(self.loop_plan)
