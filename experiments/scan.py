@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import jax
+import numpy as np
 
 import remat_opt
 from remat_opt._measure import gradient_flops
@@ -102,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{config}\nscan as written: {plain / MiB:.2f} MiB", flush=True)
     rows = [{"strategy": "no remat", "budget_bytes": None, "measured_peak_bytes": plain, "recompute_flops": 0}]
     rows += hand_written(params, batch, args.layers, baseline_flops)
+    want = jax.jit(jax.grad(loss))(params, batch)
     budgets = [int(b * MiB) for b in args.budgets] if args.budgets else default_budgets(rows, plain)
     if args.quick and not args.budgets:
         budgets = budgets[-2:]  # the two tightest
@@ -109,18 +111,24 @@ def main(argv: list[str] | None = None) -> int:
     table = []
     for budget in budgets:
         start = time.perf_counter()
-        plan = remat_opt.optimize(loss, budget, solver_options=options).plan(params, batch)
+        step = remat_opt.optimize(loss, budget, solver_options=options)
+        plan = step.plan(params, batch)
         wall = time.perf_counter() - start
+        got = jax.jit(jax.grad(step))(params, batch)
+        # |got - want| / (atol + rtol |want|) at rtol 1e-5, atol 1e-6: at most 1 is np.allclose.
+        grad_error = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b)) / (1e-6 + 1e-5 * np.abs(np.asarray(b)))))
+                         for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)))
         kind = str(plan.loop_plan) if plan.loop_plan is not None else f"unrolled, {plan.num_segments} segments"
         rows.append({"strategy": "remat_opt", "budget_bytes": budget, "measured_peak_bytes": plan.measured_peak_bytes,
                      "predicted_peak_bytes": plan.predicted_peak_bytes,
                      "recompute_flops": plan.measured_recompute_flops, "plan": kind, "status": plan.status,
-                     "wall_seconds": round(wall, 1)})
+                     "wall_seconds": round(wall, 1), "grad_error_over_tolerance": grad_error})
         fitting = [r for r in rows if r["strategy"] not in ("remat_opt", "no remat")
                    and r["measured_peak_bytes"] <= budget]
         best = min(fitting, key=lambda r: r["recompute_flops"], default=None)
         table.append((budget, plan, kind, best, wall))
-        print(f"budget {budget / MiB:.2f} MiB: {plan}  [{kind}, {wall:.0f}s]", flush=True)
+        print(f"budget {budget / MiB:.2f} MiB: {plan}  [{kind}, {wall:.0f}s; gradient error "
+              f"{grad_error:.2f} of the rtol 1e-5/atol 1e-6 tolerance]", flush=True)
 
     write_csv(args.out / ("scan_quick.csv" if args.quick else "scan.csv"), rows, header)
     print(f"\n{config.num_layers}-layer scan GPT, plain (scan as written) {plain / MiB:.2f} MiB; {stamp()}")
@@ -138,7 +146,10 @@ def main(argv: list[str] | None = None) -> int:
              if best is not None and plan.measured_recompute_flops > best["recompute_flops"]]
     print("remat_opt recomputes no more than the best fitting hand-written alternative at every budget"
           if not worse else f"remat_opt recomputes more at {[round(b / MiB, 2) for b in worse]} MiB")
-    return 0 if not worse and all(p.measured_peak_bytes <= b for b, p, *_ in table) else 1
+    grads_ok = all(r["grad_error_over_tolerance"] <= 1 for r in rows if r["strategy"] == "remat_opt")
+    print("gradients equal jax.grad (rtol 1e-5, atol 1e-6) at every budget" if grads_ok
+          else "gradients differ from jax.grad beyond rtol 1e-5, atol 1e-6")
+    return 0 if grads_ok and not worse and all(p.measured_peak_bytes <= b for b, p, *_ in table) else 1
 
 
 if __name__ == "__main__":
