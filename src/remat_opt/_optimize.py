@@ -165,8 +165,7 @@ class OptimizedFunction:
                               "PLAIN", 0.0, 0.0, 0)
             return plan, self.fn
 
-        loops = self._loop_plans(args, kwargs, argnums, nums, measure, baseline_flops, plain_peak) \
-            if traced.unrolled_scans else []
+        loops = self._loop_plans(args, kwargs, argnums, nums, measure, baseline_flops, plain_peak)
         best_loop = min((lp for lp in loops if lp[0].measured_peak_bytes <= budget),
                         key=lambda lp: lp[0].measured_recompute_flops, default=None)
         try:
@@ -190,14 +189,18 @@ class OptimizedFunction:
                     plain_peak: int) -> list[tuple[Plan, Callable[..., Any]]]:
         """Every loop plan (:mod:`remat_opt._loops`) of the program's scans, measured on XLA.
 
-        The model's prediction for each uses the storage scale calibrated on
-        the program as written (loops and all); the choice is XLA's figure.
+        Scans of any length count, unrolled or not: a scan too long to unroll
+        is planned by these alone. The model's prediction for each uses the
+        storage scale calibrated on the program as written (loops and all);
+        the choice is XLA's figure. No solver runs (``solve_seconds`` 0).
         """
         traced = trace(self.fn, args, kwargs, argnums)
+        lengths = scan_lengths(traced)
+        if not lengths:
+            return []
         scale = calibrate(build_graph(traced, self.cost_model), plain_peak).plain_storage_scale
         plans = []
-        for loop in loop_candidates(scan_lengths(traced)):
-            started = time.perf_counter()
+        for loop in loop_candidates(lengths):
             program = with_signature(self.fn, traced, loop_program(traced, loop))
             graph = build_graph(trace(program, args, kwargs, argnums), self.cost_model)
             graph = dataclasses.replace(graph, plain_storage_scale=scale)
@@ -207,8 +210,7 @@ class OptimizedFunction:
             # Chosen among a finite family by measurement: no bound but 0 FLOPs.
             plan = dataclasses.replace(
                 self._plan(graph, sim, Schedule(plain=True), measured, plain_peak, flops, baseline_flops,
-                           "FEASIBLE" if flops > 0 else "OPTIMAL", 1.0 if flops > 0 else 0.0,
-                           time.perf_counter() - started, 1),
+                           "FEASIBLE" if flops > 0 else "OPTIMAL", 1.0 if flops > 0 else 0.0, 0.0, 1),
                 recompute_flops=flops, loop_plan=loop,
             )
             plans.append((plan, program))
