@@ -17,8 +17,8 @@ its body is inlined once per iteration and its stacked outputs are
 concatenated, so that the planner can place checkpoints between iterations and
 inside them — storing every k-th carry, or saving some of the body's values and
 recomputing the rest, is then one plan over both levels under one budget. A
-longer scan stays one unit (its body is planned by nobody; the cost of its
-stacked residuals is still counted). :attr:`TracedProgram.unrolled_scans`
+longer scan stays one unit to the solver (the cost of its stacked residuals
+is still counted); the loop plans of :mod:`remat_opt._loops` apply to it. :attr:`TracedProgram.unrolled_scans`
 says how many were unrolled: the flat program then differs from the user's
 (same values, no loop), which the pipeline measures on its own.
 
