@@ -333,6 +333,9 @@ def optimize(
             its iterations and inside its body, under the same budget. The
             rewritten step then has no loop: XLA compiles each iteration, which
             takes longer for long scans. ``0`` keeps every scan as one unit.
+            Whatever this is, the scans' loop plans (a built-in policy on the
+            body, iterations in checkpointed groups) are measured too, and the
+            plan with the fewest recomputed FLOPs that fits wins.
 
     Returns:
         An :class:`OptimizedFunction` with ``fn``'s signature and values.
