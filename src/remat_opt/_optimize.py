@@ -6,7 +6,9 @@ has been compiled and its peak measured at or under the budget. When XLA's
 figure is over, the solver's target is tightened by the overshoot and the plan
 re-solved, a bounded number of times; then the lowest-memory schedule is
 measured, and if even that is over, :class:`InfeasibleBudgetError` says which
-budget XLA confirms.
+budget XLA confirms. A program with scans also has its loop plans measured
+(:mod:`remat_opt._loops`); the plan that fits with the fewest recomputed FLOPs,
+schedule or loop plan, is returned.
 """
 
 from __future__ import annotations
