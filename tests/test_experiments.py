@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
 
 
@@ -49,3 +51,11 @@ def test_scan_quick(tmp_path):
     ours = [r for r in rows if r["strategy"] == "remat_opt"]
     assert len(ours) == 2
     assert {"body nothing_saveable", "body dots_saveable, 2 groups"} <= {r["strategy"] for r in rows}
+
+
+def test_libraries_quick(tmp_path):
+    pytest.importorskip("flax")
+    pytest.importorskip("equinox")
+    out = _run("libraries.py", "--layers", "2", "--d-model", "32", "--fractions", "0.6", "--out", str(tmp_path))
+    assert "every budget met, gradients equal the library's plain step" in out
+    assert {r["library"] for r in _rows(tmp_path / "libraries.csv")} == {"flax", "equinox"}
