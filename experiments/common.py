@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import numpy as np
 
 MiB = 2**20
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -56,6 +57,12 @@ def read_csv(path: Path) -> list[dict]:
     """Rows of a CSV written by :func:`write_csv` (comment lines skipped)."""
     with path.open() as f:
         return list(csv.DictReader(line for line in f if not line.startswith("#")))
+
+
+def grad_error_over_tolerance(got: Any, want: Any, rtol: float = 1e-5, atol: float = 1e-6) -> float:
+    """Largest ``|got - want| / (atol + rtol |want|)`` over the leaves: at most 1 is ``np.allclose``."""
+    return max(float(np.max(np.abs(np.asarray(a) - np.asarray(b)) / (atol + rtol * np.abs(np.asarray(b)))))
+               for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)))
 
 
 def step_seconds(fn: Callable[..., Any], args: tuple, repeats: int = 5) -> float:

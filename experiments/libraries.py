@@ -23,12 +23,11 @@ import time
 from pathlib import Path
 
 import jax
-import numpy as np
 
 import remat_opt
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, MiB, command, stamp, write_csv  # noqa: E402
+from common import RESULTS, MiB, command, grad_error_over_tolerance, stamp, write_csv  # noqa: E402
 
 TESTS = Path(__file__).resolve().parents[1] / "tests" / "test_libraries.py"
 
@@ -40,11 +39,6 @@ def _models(layers: int, d_model: int):
     spec.loader.exec_module(module)
     module.LAYERS, module.D_MODEL, module.SEQ, module.BATCH, module.VOCAB = layers, d_model, 128, 4, 256
     return module
-
-
-def _grad_error(got, want) -> float:
-    return max(float(np.max(np.abs(np.asarray(a) - np.asarray(b)) / (1e-6 + 1e-5 * np.abs(np.asarray(b)))))
-               for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -88,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
             row = {"library": name, "budget_bytes": budget, "plain_peak_bytes": plain,
                    "measured_peak_bytes": plan.measured_peak_bytes, "predicted_peak_bytes": plan.predicted_peak_bytes,
                    "overhead": plan.measured_recompute_flops / plan.baseline_flops, "plan": kind,
-                   "grad_error_over_tolerance": _grad_error(grad_of(step), want), "wall_seconds": round(wall, 1)}
+                   "grad_error_over_tolerance": grad_error_over_tolerance(grad_of(step), want), "wall_seconds": round(wall, 1)}
             rows.append(row)
             print(f"  {budget / MiB:8.2f} MiB: measured {plan.measured_peak_bytes / MiB:8.2f}, "
                   f"+{row['overhead']:.1%}, {kind}, gradient error {row['grad_error_over_tolerance']:.2f}, "

@@ -17,34 +17,27 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
 from pathlib import Path
 
 import jax
-import numpy as np
 
 import remat_opt
+from remat_opt._loops import near_sqrt_divisors
 from remat_opt._measure import gradient_flops
 from remat_opt._policies import POLICIES
 from remat_opt.zoo import gpt
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, MiB, command, stamp, write_csv  # noqa: E402
-
-
-def group_counts(layers: int) -> list[int]:
-    """The two divisors of ``layers`` nearest sqrt(layers) (Chen's sqrt(n) on a loop)."""
-    divisors = [d for d in range(2, layers) if layers % d == 0]
-    return sorted(sorted(divisors, key=lambda d: (abs(d - math.sqrt(layers)), d))[:2])
+from common import RESULTS, MiB, command, grad_error_over_tolerance, stamp, write_csv  # noqa: E402
 
 
 def hand_written(params, batch, layers: int, baseline_flops: int) -> list[dict]:
     """Every hand-written alternative, measured: peak and recomputed FLOPs."""
     rows = []
     for policy in (None, *POLICIES):
-        for groups in (1, *group_counts(layers)):
+        for groups in (1, *sorted(near_sqrt_divisors(layers))):
             if policy is None and groups == 1:
                 continue
             pol = None if policy is None else POLICIES[policy]
@@ -115,9 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         plan = step.plan(params, batch)
         wall = time.perf_counter() - start
         got = jax.jit(jax.grad(step))(params, batch)
-        # |got - want| / (atol + rtol |want|) at rtol 1e-5, atol 1e-6: at most 1 is np.allclose.
-        grad_error = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b)) / (1e-6 + 1e-5 * np.abs(np.asarray(b)))))
-                         for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)))
+        grad_error = grad_error_over_tolerance(got, want)
         kind = str(plan.loop_plan) if plan.loop_plan is not None else f"unrolled, {plan.num_segments} segments"
         rows.append({"strategy": "remat_opt", "budget_bytes": budget, "measured_peak_bytes": plan.measured_peak_bytes,
                      "predicted_peak_bytes": plan.predicted_peak_bytes,

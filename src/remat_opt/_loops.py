@@ -55,16 +55,22 @@ class LoopPlan:
         return f"scan kept as a loop, {body}{nesting}"
 
 
-def scan_lengths(traced: TracedProgram) -> list[int]:
-    """Lengths of the top-level scans that carry a tangent (the ones worth planning)."""
+def planned_scans(traced: TracedProgram) -> list[int]:
+    """Positions of the top-level scans that carry a tangent (the ones worth planning)."""
     return [
-        e.params["length"]
-        for e in traced.jaxpr.jaxpr.eqns
+        i for i, e in enumerate(traced.jaxpr.jaxpr.eqns)
         if e.primitive.name == "scan" and any(v in traced.tangent_vars for v in e.outvars)
     ]
 
 
-def _near_sqrt_divisors(length: int, count: int = 2) -> list[int]:
+def scan_lengths(traced: TracedProgram) -> list[int]:
+    """Iteration counts of :func:`planned_scans`."""
+    return [traced.jaxpr.jaxpr.eqns[i].params["length"] for i in planned_scans(traced)]
+
+
+def near_sqrt_divisors(length: int, count: int = 2) -> list[int]:
+    """The ``count`` divisors of ``length`` (other than 1 and itself) nearest sqrt(length):
+    the group counts of Chen's sqrt(n) checkpointing on a loop."""
     divisors = [d for d in range(2, length) if length % d == 0]
     return sorted(divisors, key=lambda d: (abs(d - math.sqrt(length)), d))[:count]
 
@@ -77,7 +83,7 @@ def loop_candidates(lengths: Sequence[int]) -> list[LoopPlan]:
     alternatives a user would try). The program as written, and
     ``everything_saveable`` without nesting (the same thing), are left out.
     """
-    chunk_options = [1, *sorted({d for n in lengths for d in _near_sqrt_divisors(n)})]
+    chunk_options = [1, *sorted({d for n in lengths for d in near_sqrt_divisors(n)})]
     plans = []
     for policy in (None, *POLICIES):
         for chunks in chunk_options:
@@ -124,10 +130,7 @@ def loop_program(traced: TracedProgram, plan: LoopPlan) -> Callable[..., list[An
     """
     closed = traced.jaxpr
     jaxpr = closed.jaxpr
-    planned = {
-        i for i, e in enumerate(jaxpr.eqns)
-        if e.primitive.name == "scan" and any(v in traced.tangent_vars for v in e.outvars)
-    }
+    planned = set(planned_scans(traced))
 
     def program(*flat_args: Any) -> list[Any]:
         env: dict = dict(zip(jaxpr.constvars, closed.consts))

@@ -24,7 +24,7 @@ import jax
 from jax._src.interpreters import partial_eval as pe
 
 from ._cost import CostModel, jaxpr_flops
-from ._static import combine, is_inexact_array, is_traced, owners, split
+from ._static import combine, differentiated, is_traced, split
 from ._trace import normalize_argnums
 
 
@@ -51,8 +51,7 @@ def gradient_step(
     leaves, static = split((args, kwargs))
     if not static.any:
         return jax.value_and_grad(fn, argnums=argnums, has_aux=has_aux), args, kwargs
-    nums = normalize_argnums(argnums, len(args))
-    diff = [owner in nums and is_inexact_array(x) for owner, x in zip(owners(args, kwargs), leaves)]
+    diff = differentiated(args, kwargs, normalize_argnums(argnums, len(args)))
 
     def step(diff_leaves: list, other_leaves: list) -> Any:
         d, o = iter(diff_leaves), iter(other_leaves)

@@ -145,6 +145,8 @@ class OptimizedFunction:
     def _make_plan(self, args: tuple, kwargs: dict) -> tuple[Plan, Callable[..., Any]]:
         argnums = normalize_argnums(self.argnums, len(args))
         traced = trace(self.fn, args, kwargs, argnums, self.unroll_scans)
+        # fn as written, loops whole: what a plain plan and the loop plans run.
+        whole = trace(self.fn, args, kwargs, argnums) if traced.unrolled_scans else traced
         graph = build_graph(traced, self.cost_model)
         nums = argnums if len(argnums) > 1 else argnums[0]
 
@@ -158,16 +160,16 @@ class OptimizedFunction:
         # iterations), and usually a lower peak.
         flat_peak = measure(apply_schedule(self.fn, graph, Schedule(plain=True))) if traced.unrolled_scans else plain_peak
         graph = calibrate(graph, flat_peak)
+        whole_graph = calibrate(build_graph(whole, self.cost_model), plain_peak) if traced.unrolled_scans else graph
         budget = self.budget_bytes
-        if budget >= plain_peak:
-            if traced.unrolled_scans:  # fn runs as written, loops and all: model that program
-                graph = calibrate(build_graph(trace(self.fn, args, kwargs, argnums), self.cost_model), plain_peak)
-            sim = simulate(graph, Schedule(plain=True))
-            plan = self._plan(graph, sim, Schedule(plain=True), plain_peak, plain_peak, 0, baseline_flops,
+        if budget >= plain_peak:  # fn runs as written, loops and all: model that program
+            sim = simulate(whole_graph, Schedule(plain=True))
+            plan = self._plan(whole_graph, sim, Schedule(plain=True), plain_peak, plain_peak, 0, baseline_flops,
                               "PLAIN", 0.0, 0.0, 0)
             return plan, self.fn
 
-        loops = self._loop_plans(args, kwargs, argnums, nums, measure, baseline_flops, plain_peak)
+        loops = self._loop_plans(whole, whole_graph.plain_storage_scale, args, kwargs, argnums, nums, measure,
+                                 baseline_flops, plain_peak)
         best_loop = min((lp for lp in loops if lp[0].measured_peak_bytes <= budget),
                         key=lambda lp: lp[0].measured_recompute_flops, default=None)
         try:
@@ -186,24 +188,24 @@ class OptimizedFunction:
             return best_loop
         return planned
 
-    def _loop_plans(self, args: tuple, kwargs: dict, argnums: tuple[int, ...], nums: Any,
-                    measure: Callable[[Callable[..., Any]], int], baseline_flops: int,
-                    plain_peak: int) -> list[tuple[Plan, Callable[..., Any]]]:
-        """Every loop plan (:mod:`remat_opt._loops`) of the program's scans, measured on XLA.
+    def _loop_plans(self, whole: TracedProgram, scale: float, args: tuple, kwargs: dict,
+                    argnums: tuple[int, ...], nums: Any, measure: Callable[[Callable[..., Any]], int],
+                    baseline_flops: int, plain_peak: int) -> list[tuple[Plan, Callable[..., Any]]]:
+        """Every loop plan (:mod:`remat_opt._loops`) of the scans of ``whole``
+        (the program traced with its loops whole), measured on XLA.
 
         Scans of any length count, unrolled or not: a scan too long to unroll
-        is planned by these alone. The model's prediction for each uses the
-        storage scale calibrated on the program as written (loops and all);
-        the choice is XLA's figure. No solver runs (``solve_seconds`` 0).
+        is planned by these alone. The model's prediction for each uses
+        ``scale``, the storage scale calibrated on the program as written
+        (loops and all); the choice is XLA's figure. No solver runs
+        (``solve_seconds`` 0).
         """
-        traced = trace(self.fn, args, kwargs, argnums)
-        lengths = scan_lengths(traced)
+        lengths = scan_lengths(whole)
         if not lengths:
             return []
-        scale = calibrate(build_graph(traced, self.cost_model), plain_peak).plain_storage_scale
         plans = []
         for loop in loop_candidates(lengths):
-            program = with_signature(self.fn, traced, loop_program(traced, loop))
+            program = with_signature(self.fn, whole, loop_program(whole, loop))
             graph = build_graph(trace(program, args, kwargs, argnums), self.cost_model)
             graph = dataclasses.replace(graph, plain_storage_scale=scale)
             sim = simulate(graph, Schedule(plain=True))

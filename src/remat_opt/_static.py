@@ -147,6 +147,13 @@ def owners(args: tuple, kwargs: dict) -> list[int | None]:
     return out + [None] * sum(map(is_traced, jax.tree_util.tree_leaves(kwargs)))
 
 
+def differentiated(args: tuple, kwargs: dict, argnums: Sequence[int]) -> list[bool]:
+    """Per traced leaf of ``(args, kwargs)``: a floating array of an ``argnums``
+    argument (normalized indices), the leaves a gradient is taken for."""
+    leaves, _ = split((args, kwargs))
+    return [owner in argnums and is_inexact_array(x) for owner, x in zip(owners(args, kwargs), leaves)]
+
+
 def _label(arguments: Any, index: int) -> str:
     """The ``index``-th leaf's place in ``(args, kwargs)``: ``args[0]['w']``, ``kwargs['x']``."""
     path = jax.tree_util.tree_flatten_with_path(arguments)[0][index][0]

@@ -45,7 +45,7 @@ from jax._src import core, effects, source_info_util
 from jax._src.interpreters import ad
 
 from ._errors import UnsupportedProgramError
-from ._static import combine, owners, split
+from ._static import combine, differentiated, split
 
 # Primitives whose only job is to group equations; inlined on tracing.
 _CALL_PARAMS = {"jit": "jaxpr", "pjit": "jaxpr", "closed_call": "call_jaxpr", "core_call": "call_jaxpr"}
@@ -210,10 +210,7 @@ def trace(
     """
     leaves, static = split((args, kwargs))
     specs = [jax.ShapeDtypeStruct(np.shape(x), x.dtype) for x in leaves]
-    diff = [
-        argnum in argnums and jax.numpy.issubdtype(spec.dtype, jax.numpy.inexact)
-        for argnum, spec in zip(owners(args, kwargs), specs)
-    ]
+    diff = differentiated(args, kwargs, argnums)
 
     out_tree_box: list = []
 
