@@ -72,7 +72,7 @@ def independent_program(strategy, loss, graph, plan):
 
 
 def test_every_strategy_is_present(plans):
-    expected = {"no_remat", "megatron_selective", "chen_sqrt_n", "chen_greedy"}
+    expected = {"no_remat", "megatron_selective", "chen_sqrt_n", "chen_greedy", "revolve"}
     expected |= {f"{kind}/{p}" for kind in ("checkpoint", "layer_checkpoint") for p in POLICIES_TESTED}
     assert set(plans) == expected
     assert set(POLICIES) == {"nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable",
@@ -120,7 +120,7 @@ def test_recompute_flops(gpt, graph, plans):
         nothing = plans[f"{kind}/nothing_saveable"].measured_recompute_flops
         assert nothing > plans[f"{kind}/dots_with_no_batch_dims_saveable"].measured_recompute_flops > 0
     # Chen recomputes every segment whole: the model's count is the jaxpr's.
-    for strategy in ("chen_sqrt_n", "chen_greedy"):
+    for strategy in ("chen_sqrt_n", "chen_greedy", "revolve"):
         plan = plans[strategy]
         assert plan.recompute_flops > 0
         assert abs(plan.recompute_flops - plan.measured_recompute_flops) <= 0.01 * plan.baseline_flops, str(plan)
@@ -133,7 +133,7 @@ def test_predictions(graph, plans):
     for strategy, plan in plans.items():
         if strategy.startswith(("checkpoint/", "layer_checkpoint/")) or strategy == "megatron_selective":
             assert plan.predicted_peak_bytes is None and plan.schedule is None and plan.num_segments is None
-    for strategy in ("chen_sqrt_n", "chen_greedy"):
+    for strategy in ("chen_sqrt_n", "chen_greedy", "revolve"):
         plan = plans[strategy]
         assert plan.num_segments > 1
         assert plan.predicted_peak_bytes == simulate(graph, plan.schedule).peak_bytes

@@ -2,9 +2,9 @@
 
 The pipeline, one module a stage: ``_trace`` (flat jaxpr) → ``_graph`` (JAX's own
 linearization: what the backward reads) → ``_cost`` (FLOPs) → ``_memory`` (the
-peak model) → ``_solve`` (CP-SAT) → ``_rewrite`` (fenced ``jax.checkpoint``) →
+peak model) → ``_solve`` (CP-SAT; ``_nesting``: checkpoints within checkpoints) → ``_rewrite`` (fenced ``jax.checkpoint``) →
 ``_measure`` (XLA's ``memory_analysis``). ``optimize`` runs them all.
-Baselines (``_baselines``, ``_policies``, ``_chen``; measured by ``_reference``) return the
+Baselines (``_baselines``, ``_policies``, ``_chen``, ``_nesting``; measured by ``_reference``) return the
 same :class:`Plan`, measured the same way.
 """
 
@@ -15,6 +15,7 @@ from ._baselines import checkpoint_policy as checkpoint_policy
 from ._baselines import layer_checkpoint_policy as layer_checkpoint_policy
 from ._baselines import megatron_selective as megatron_selective
 from ._baselines import no_remat as no_remat
+from ._baselines import revolve as revolve
 from ._budget import format_bytes as format_bytes
 from ._budget import parse_bytes as parse_bytes
 from ._cost import CostModel as CostModel
@@ -56,5 +57,6 @@ __all__ = [
     "optimize",
     "parse_bytes",
     "peak_bytes",
+    "revolve",
 ]
 __version__ = "0.1.0"

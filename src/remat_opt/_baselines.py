@@ -14,6 +14,8 @@ in one table:
 * :func:`chen_sqrt_n` and :func:`chen_greedy` — Chen et al.'s segment
   checkpointing, as a :class:`Schedule` on the program graph, run through the
   fenced rewriter.
+* :func:`revolve` — Griewank's binomial checkpointing on the program's chain,
+  as nested fenced checkpoints.
 
 The JAX-policy baselines use plain ``jax.checkpoint`` exactly as a user would
 write it: on XLA:CPU it is often undone by CSE and scheduling (FINDINGS §1),
@@ -38,6 +40,7 @@ from dataclasses import replace
 from typing import Any
 
 from ._chen import chen_greedy_candidates, chen_sqrt_n_schedule
+from ._nesting import MAX_DEPTH, chain_steps, revolve_schedule
 from ._cost import CostModel
 from ._memory import Schedule, simulate
 from ._optimize import apply_schedule
@@ -74,6 +77,20 @@ def _chen_greedy(ref: Reference, measure_top: int) -> Plan:
     measured = [(ref.peak(apply_schedule(ref.fn, ref.graph, s)), n, s) for _, n, s in ranked[:measure_top]]
     peak, _, best = min(measured, key=lambda t: (t[0], t[1]))
     return schedule_plan(ref, "chen_greedy", best, measured=peak, solve_seconds=seconds, attempts=len(measured))
+
+
+def _revolve(ref: Reference, snapshots: int | None, measure_top: int) -> Plan:
+    start = time.perf_counter()
+    counts = [snapshots] if snapshots is not None else range(1, len(chain_steps(ref.graph)))
+    schedules = {s: None for s in (revolve_schedule(ref.graph, k) for k in counts) if s is not None}
+    if not schedules:
+        raise ValueError(f"snapshots={snapshots} cannot reverse this program's chain of "
+                         f"{len(chain_steps(ref.graph)) - 1} steps within {MAX_DEPTH} levels; pass more snapshots.")
+    ranked = sorted(((simulate(ref.graph, s).peak_bytes, s) for s in schedules), key=lambda t: t[0])
+    seconds = time.perf_counter() - start
+    measured = [(ref.peak(apply_schedule(ref.fn, ref.graph, s)), i, s) for i, (_, s) in enumerate(ranked[:measure_top])]
+    peak, _, best = min(measured, key=lambda t: t[:2])
+    return schedule_plan(ref, "revolve", best, measured=peak, solve_seconds=seconds, attempts=len(measured))
 
 
 # --------------------------------------------------------------------------- public API
@@ -354,6 +371,67 @@ def chen_greedy(
     return _chen_greedy(reference(fn, args, kwargs, argnums, budget_bytes, cost_model), measure_top)
 
 
+def revolve(
+    fn: Callable[..., Any],
+    *args: Any,
+    budget_bytes: int | str,
+    snapshots: int | None = None,
+    measure_top: int = 3,
+    argnums: int | Sequence[int] = 0,
+    cost_model: CostModel | None = None,
+    **kwargs: Any,
+) -> Plan:
+    """Griewank's Revolve (binomial checkpointing), as nested fenced checkpoints.
+
+    The program's chain (:func:`remat_opt._nesting.chain_steps`: its
+    articulation positions, at most :data:`~remat_opt._nesting.MAX_STEPS`
+    steps) is reversed with ``snapshots`` stored states and one taped step
+    at a time, recomputing the fewest FLOPs (Griewank & Walther's recursion,
+    each step weighted by its FLOPs). A segment whose reversal needs states
+    of its own is a checkpoint inside a checkpoint, fenced like every
+    segment, at most :data:`~remat_opt._nesting.MAX_DEPTH` levels deep.
+
+    Args:
+        fn: the loss function, returning a scalar.
+        *args: its positional arguments.
+        budget_bytes: the budget the plan is compared against.
+        snapshots: stored states; ``None`` for the lowest-memory choice: the
+            ``measure_top`` schedules of all snapshot counts with the lowest
+            predicted peak are measured and the lowest measured is returned.
+        measure_top: how many schedules to compile and measure when
+            ``snapshots`` is ``None``.
+        argnums: positional arguments that are differentiated.
+        cost_model: FLOPs per equation.
+        **kwargs: keyword arguments of ``fn``, not differentiated.
+
+    Returns:
+        A measured :class:`Plan` with ``strategy="revolve"``, its nested
+        schedule and the model's prediction.
+
+    Raises:
+        ValueError: ``snapshots`` or ``measure_top`` is not a positive int, or
+            ``snapshots`` is too few for the chain within the depth limit.
+
+    References:
+        A. Griewank, A. Walther. Algorithm 799: Revolve: An Implementation of
+        Checkpointing for the Reverse or Adjoint Mode of Computational
+        Differentiation. ACM TOMS 26(1), 2000.
+
+    Example:
+        >>> import jax.numpy as jnp, remat_opt
+        >>> def loss(w, x):
+        ...     for _ in range(8):
+        ...         x = jnp.tanh(x @ w)
+        ...     return jnp.sum(x)
+        >>> plan = remat_opt.revolve(loss, jnp.ones((8, 8)), jnp.ones((4, 8)), budget_bytes="1MiB", snapshots=4)
+        >>> plan.strategy, plan.schedule.depth() > 1
+        ('revolve', True)
+    """
+    _check_positive("snapshots", snapshots, allow_none=True)
+    _check_positive("measure_top", measure_top)
+    return _revolve(reference(fn, args, kwargs, argnums, budget_bytes, cost_model), snapshots, measure_top)
+
+
 def all_baselines(
     model: Any,
     params: Any,
@@ -376,7 +454,7 @@ def all_baselines(
         budget_bytes: the budget every plan is compared against.
         policies: the JAX policies to run, whole-function and per layer.
         cost_model: FLOPs per equation.
-        measure_top: candidates :func:`chen_greedy` measures.
+        measure_top: candidates :func:`chen_greedy` and :func:`revolve` measure.
 
     Returns:
         Plans in this order: ``no_remat``; ``checkpoint/<policy>`` for each
@@ -411,4 +489,5 @@ def all_baselines(
         plans.append(policy_plan(ref, "megatron_selective", program))
     plans.append(_chen_sqrt_n(ref, None))
     plans.append(_chen_greedy(ref, measure_top))
+    plans.append(_revolve(ref, None, measure_top))
     return tuple(plans)

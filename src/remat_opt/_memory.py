@@ -38,6 +38,15 @@ count in its own peak only; the rewriter runs it unwrapped. Code that runs as
 written is where XLA's fusion strays furthest from the model, so those bytes
 are scaled by a factor fitted to XLA's peak for the plain program
 (:func:`calibrate`, measured by every ``optimize`` call anyway).
+
+Nested schedules (:attr:`Schedule.nested`, built by :mod:`remat_opt._nesting`)
+follow the same rules on the segments of every level at once: a nested
+segment's backward reruns its forward, storing what its own level stores
+(values crossing its inner cuts, its last inner segment's residuals), then
+runs its inner segments' backwards, last first. A stored value is live from
+its first reader outside its segment until the backward of the innermost
+level holding both is over. The CP-SAT model encodes flat schedules only;
+nested ones are simulated here and measured.
 """
 
 from __future__ import annotations
@@ -50,17 +59,33 @@ from ._graph import ProgramGraph
 
 @dataclass(frozen=True)
 class Schedule:
-    """Decisions: where segments start and which values are saved by name.
+    """Decisions: where segments start, which values are saved by name, and
+    which segments checkpoint their own recomputation again.
 
     Attributes:
         cuts: positions (primal equation indices) at which a new segment starts.
         saved: node ids saved by name (``name`` units only).
         plain: no remat at all; the program as the user wrote it.
+        nested: segments whose backward recomputes them under a schedule of
+            their own, as ``(first position of the segment, its schedule)``:
+            the inner schedule's cuts lie strictly inside the segment, and
+            its segments may nest again (Griewank's binomial checkpointing
+            is such a tree). The last segment of any level runs as written.
+            Inner schedules save nothing by name.
     """
 
     cuts: frozenset[int] = frozenset()
     saved: frozenset[int] = frozenset()
     plain: bool = False
+    nested: tuple[tuple[int, Schedule], ...] = ()
+
+    def all_cuts(self) -> frozenset[int]:
+        """The cuts of every level: the segments every backward step runs on."""
+        return self.cuts.union(*(inner.all_cuts() for _, inner in self.nested))
+
+    def depth(self) -> int:
+        """Levels of checkpointing: 1 without nesting."""
+        return 1 + max((inner.depth() for _, inner in self.nested), default=0)
 
 
 @dataclass(frozen=True)
@@ -110,16 +135,19 @@ def remat_bytes(graph: ProgramGraph, unit: int, kept: frozenset[int]) -> int:
     return sum(graph.node_bytes[v] for v in graph.units[unit].outputs if graph.buffer[v] == v and v in kept)
 
 
-def relayout_bytes(graph: ProgramGraph, schedule: Schedule, seg_of: tuple[int, ...], segment: int) -> int:
+def relayout_bytes(
+    graph: ProgramGraph, schedule: Schedule, seg_of: tuple[int, ...], segment: int, runs_as_written: bool
+) -> int:
     """Bytes of the copies XLA makes at the start of a fenced segment's backward.
 
     A stored value laid out transposed (:attr:`ProgramGraph.transposed`) enters
     the backward's branch as an operand and is copied into the layout its
     readers want, once per reading position: values saved by name in the
-    segment, and values crossing into it from earlier segments. The last
-    segment is not fenced and copies nothing.
+    segment, and values crossing into it from earlier segments. A segment
+    that runs as written (the last of its level) is not fenced and copies
+    nothing.
     """
-    if segment == max(seg_of, default=0) or not graph.transposed:
+    if runs_as_written or not graph.transposed:
         return 0
     total = 0
     for v in range(graph.num_nodes):
@@ -171,30 +199,85 @@ def boundary_cotangent_bytes(graph: ProgramGraph, cut: int) -> int:
     return graph.crossing_bytes(cut) if cut < graph.num_positions else 0
 
 
+def nested_ranges(schedule: Schedule, num_positions: int) -> tuple[tuple[int, int], ...]:
+    """The levels of ``schedule`` as position ranges ``[start, stop)``: the whole
+    program first, then every nested segment, each before the segments nested in it.
+
+    Raises:
+        ValueError: a nested segment is not a segment of its level, is the last
+            one (which runs as written and is never recomputed), has no cut of
+            its own, or its schedule saves names.
+    """
+    out = [(0, num_positions)]
+
+    def visit(level: Schedule, lo: int, hi: int) -> None:
+        bounds = [lo, *sorted(c for c in level.cuts if lo < c < hi), hi]
+        stop_of = dict(zip(bounds[:-1], bounds[1:]))
+        for start, inner in sorted(level.nested, key=lambda item: item[0]):
+            stop = stop_of.get(start)
+            if stop is None or stop == hi:
+                raise ValueError(f"nested segment at position {start} is not a segment of its level [{lo}, {hi}) "
+                                 "other than the last (the last runs as written)")
+            if inner.saved or inner.plain or not inner.cuts or any(not start < c < stop for c in inner.cuts):
+                raise ValueError(f"the schedule nested at position {start} needs cuts strictly inside "
+                                 f"[{start}, {stop}) and no saved names")
+            out.append((start, stop))
+            visit(inner, start, stop)
+
+    visit(schedule, 0, num_positions)
+    return tuple(out)
+
+
 def simulate(graph: ProgramGraph, schedule: Schedule) -> Simulation:
-    """Predicts peak bytes and recompute FLOPs of ``schedule`` on ``graph``."""
-    seg_of = segment_of_positions(graph.num_positions, schedule.cuts)
+    """Predicts peak bytes and recompute FLOPs of ``schedule`` on ``graph``.
+
+    Nesting (``schedule.nested``) is simulated on the segments of every level
+    at once: each backward step runs on one of them. A value crossing a cut is
+    stored from its first reader outside its segment, by the innermost level
+    holding both, and stays live until that level's backward is over; the
+    last segment of every level runs as written; a nested segment's backward
+    first recomputes what its own level stores, then runs its segments'
+    backwards in reverse.
+    """
     units = graph.units
+    ranges = nested_ranges(schedule, graph.num_positions)
+    seg_of = segment_of_positions(graph.num_positions, schedule.all_cuts())
     node_seg = [seg_of[graph.position_of(v)] for v in range(graph.num_nodes)]
     num_segments = (max(seg_of) + 1) if seg_of else 1
+    levels = [(seg_of[lo], seg_of[hi - 1]) if hi > lo else (0, 0) for lo, hi in ranges]
+    as_written = {last for _, last in levels}  # the last segment of each level
 
-    # Values crossing a segment boundary are stored from their first reader outside.
-    crossing: dict[int, int] = {}
-    for v in range(graph.num_nodes):
-        if graph.is_output[v] or schedule.plain:
-            continue
-        outside = [units[u].position for u in graph.consumers[v] if seg_of[units[u].position] > node_seg[v]]
-        if outside:
-            crossing[v] = min(outside)
+    def innermost(first: int, last: int) -> int:
+        """The innermost level holding segments ``first`` to ``last``."""
+        return max(i for i, (lo, hi) in enumerate(levels) if lo <= first and last <= hi)
 
-    # The last segment is plain: its residuals are stored where they are computed.
-    last = num_segments - 1
-    tail = {v for v in range(graph.num_nodes) if graph.residual[v] and node_seg[v] == last}
+    # Stored copies, as (node, level that stores it, first and last segment it is live at).
+    copies: list[tuple[int, int, int, int]] = []
+    residual_as_written = [v for v in range(graph.num_nodes) if graph.residual[v] and node_seg[v] in as_written]
+    if schedule.plain:
+        copies = [(v, 0, 0, 0) for v in range(graph.num_nodes) if materialized(graph, v) and not graph.is_output[v]]
+    else:
+        for v in range(graph.num_nodes):
+            if graph.is_output[v]:
+                continue
+            first_reader: dict[int, int] = {}
+            for r in {seg_of[units[u].position] for u in graph.consumers[v]}:
+                if r > node_seg[v]:
+                    level = innermost(node_seg[v], r)
+                    first_reader[level] = min(first_reader.get(level, r), r)
+            copies += [(v, level, r, levels[level][1]) for level, r in first_reader.items()]
+        # Code that runs as written stores its residuals where they are computed.
+        copies += [(v, innermost(node_seg[v], node_seg[v]), node_seg[v], node_seg[v]) for v in residual_as_written
+                   if materialized(graph, v) and not graph.is_output[v]]
 
-    # Recompute closure: residuals not stored are recomputed, with what they read.
+    # Fenced segments without nesting recompute the residuals that are not
+    # stored, and what they read (the same values every time their backward runs).
     recomputed: set[int] = set()
     if not schedule.plain:
-        available = set(crossing) | set(schedule.saved) | tail
+        available = {c[0] for c in copies} | set(schedule.saved) | set(residual_as_written)
+        if any(node_seg[v] not in (levels[0][0], levels[0][1]) and innermost(node_seg[v], node_seg[v]) > 0
+               for v in schedule.saved):
+            raise ValueError("names are saved only in segments that are not nested")
         stack = [graph.node_unit[v] for v in range(graph.num_nodes) if graph.residual[v] and v not in available]
         while stack:
             u = stack.pop()
@@ -202,47 +285,50 @@ def simulate(graph: ProgramGraph, schedule: Schedule) -> Simulation:
                 continue
             recomputed.add(u)
             stack.extend(graph.node_unit[w] for w in units[u].inputs if w not in available)
-
-    # A saved name is stored only if the backward reads it (JAX saves residuals only).
-    live_from = dict(crossing)
-    if schedule.plain:
-        live_from = {v: graph.position_of(v) for v in range(graph.num_nodes) if materialized(graph, v) and not graph.is_output[v]}
-    else:
+        # A saved name is stored only if the backward reads it (JAX saves residuals only).
         read = {w for u in recomputed for w in units[u].inputs}
-        for v in schedule.saved:
-            if graph.residual[v] or v in read:
-                live_from[v] = graph.position_of(v)
-        for v in tail:
-            if materialized(graph, v) and not graph.is_output[v]:
-                live_from.setdefault(v, graph.position_of(v))
+        copies += [(v, 0, node_seg[v], num_segments - 1) for v in schedule.saved if graph.residual[v] or v in read]
+    flops = sum(units[u].flops for u in recomputed & graph.primal)
+
+    # A nested segment's backward first reruns its forward for what its level
+    # stores: values crossing its inner cuts, and its last inner segment's residuals.
+    rerun: set[int] = set()
+    for level, (lo, _) in enumerate(ranges[1:], start=1):
+        stack = [graph.node_unit[v] for v, at, _, _ in copies if at == level]
+        stack += [graph.node_unit[v] for v in residual_as_written if node_seg[v] == levels[level][1]]
+        done: set[int] = set()
+        while stack:
+            u = stack.pop()
+            if u in done:
+                continue
+            done.add(u)
+            stack.extend(graph.node_unit[w] for w in units[u].inputs if graph.position_of(w) >= lo)
+        flops += sum(units[u].flops for u in done & graph.primal)
+        rerun |= done
 
     def buffer_bytes(nodes: object) -> int:
         """Bytes of the distinct buffers behind ``nodes`` (aliases counted once)."""
         return sum(graph.node_bytes[b] for b in {graph.buffer[v] for v in nodes} if b >= 0)
 
-    tail_buffers = {
-        b for b in {graph.buffer[v] for v in range(graph.num_nodes)
-                    if graph.residual[v] and materialized(graph, v) and not graph.is_output[v]}
-        if b >= 0 and node_seg[b] == last
-    }
+    kept_residuals = {graph.buffer[v] for v in range(graph.num_nodes)
+                      if graph.residual[v] and materialized(graph, v) and not graph.is_output[v]}
     base = graph.input_bytes + graph.output_bytes
     kept = kept_buffers(graph)
     seg_end = [max(p for p in range(graph.num_positions) if seg_of[p] == j) for j in range(num_segments)]
     peaks = []
     for j in range(num_segments):
-        stored_nodes = [v for v, p in live_from.items() if p <= seg_end[j]]
-        stored = buffer_bytes(stored_nodes)
+        stored = buffer_bytes(v for v, _, first, last in copies if first <= j <= last)
         rematerialized = sum(remat_bytes(graph, u, kept) for u in recomputed if seg_of[units[u].position] == j)
-        rematerialized += relayout_bytes(graph, schedule, seg_of, j)
-        if j == last:
-            rematerialized += sum(tail_extra_bytes(graph, b) for b in tail_buffers)
+        rematerialized += relayout_bytes(graph, schedule, seg_of, j, j in as_written)
+        if j in as_written:
+            rematerialized += sum(tail_extra_bytes(graph, b) for b in kept_residuals if b >= 0 and node_seg[b] == j)
         transient = max((transient_bytes(graph, u.index) for u in units if seg_of[u.position] == j), default=0)
         peaks.append(base + stored + rematerialized + transient + boundary_cotangent_bytes(graph, seg_end[j] + 1))
     return Simulation(
         peak_bytes=max(peaks),
-        recompute_flops=sum(units[u].flops for u in recomputed & graph.primal),
-        recomputed_units=frozenset(recomputed),
-        stored_nodes=frozenset(live_from),
+        recompute_flops=flops,
+        recomputed_units=frozenset(recomputed | rerun),
+        stored_nodes=frozenset(c[0] for c in copies),
         segment_peaks=tuple(peaks),
         segment_of_position=seg_of,
     )

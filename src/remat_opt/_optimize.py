@@ -30,6 +30,7 @@ from ._graph import ProgramGraph, build_graph
 from ._loops import loop_candidates, loop_program, scan_lengths
 from ._measure import abstract, gradient_flops, peak_bytes
 from ._memory import Schedule, Simulation, calibrate, simulate
+from ._nesting import nested_candidates
 from ._plan import Plan
 from ._rewrite import rewrite
 from ._solve import SolverOptions, low_memory_schedules, min_peak_schedule, solve
@@ -175,18 +176,68 @@ class OptimizedFunction:
         try:
             planned = self._solve_schedule(graph, budget, args, kwargs, nums, measure, baseline_flops, plain_peak)
         except InfeasibleBudgetError as err:
-            if best_loop is not None:
-                return best_loop
-            lowest_loop = min(loops, key=lambda lp: lp[0].measured_peak_bytes, default=None)
-            if lowest_loop is not None and lowest_loop[0].measured_peak_bytes < err.min_budget_bytes:
-                plan = lowest_loop[0]
-                raise InfeasibleBudgetError(
-                    budget, plan.measured_peak_bytes, detail=f"(XLA measured {plan.measured_peak_bytes:,} bytes "
-                    f"for the lowest-memory plan: {plan.loop_plan}.)") from err
-            raise
-        if best_loop is not None and best_loop[0].measured_recompute_flops < planned[0].measured_recompute_flops:
-            return best_loop
-        return planned
+            planned, infeasible = None, err
+        ceiling = planned[0].measured_recompute_flops if planned is not None else None
+        nested, lowest_nested = self._nested_plan(graph, budget, ceiling, measure, args, kwargs, nums,
+                                                  baseline_flops, plain_peak)
+        # The fewest recomputed FLOPs wins; on a tie, the flat schedule, then the nested one.
+        choices = [p for p in (planned, nested, best_loop) if p is not None]
+        if choices:
+            return min(choices, key=lambda p: p[0].measured_recompute_flops)
+        # Nothing fits: the error names the lowest peak XLA measured for any plan.
+        lowest = [(p[0].measured_peak_bytes, f"{p[0].loop_plan}") for p in loops]
+        if lowest_nested is not None:
+            lowest.append((lowest_nested[0].measured_peak_bytes, "a nested schedule "
+                           f"({lowest_nested[0].schedule.depth()} levels)"))
+        peak, what = min(lowest, default=(infeasible.min_budget_bytes, ""))
+        if peak < infeasible.min_budget_bytes:
+            raise InfeasibleBudgetError(budget, peak, detail=f"(XLA measured {peak:,} bytes for the lowest-memory "
+                                        f"plan: {what}.)") from infeasible
+        raise infeasible
+
+    NESTED_CANDIDATES = 3
+    """Nested schedules measured on XLA, at most, per plan."""
+
+    def _nested_plan(self, graph: ProgramGraph, budget: int, ceiling_flops: int | None,
+                     measure: Callable[[Callable[..., Any]], int], args: tuple, kwargs: dict, nums: Any,
+                     baseline_flops: int, plain_peak: int) -> tuple[tuple[Plan, Callable[..., Any]] | None,
+                                                                     tuple[Plan, Callable[..., Any]] | None]:
+        """The cheapest nested schedule (:mod:`remat_opt._nesting`) that XLA fits in
+        ``budget`` with fewer recomputed FLOPs than ``ceiling_flops``, if any; and
+        the lowest-memory one XLA measured, for the error when nothing fits.
+
+        The model ranks the trees, XLA decides. First those the model fits, the
+        cheapest first; then, when nothing else fits (no ceiling), those the
+        model puts lowest, since the model misjudges some trees by a few percent
+        either way. At most :attr:`NESTED_CANDIDATES` of each are measured.
+        """
+        started = time.perf_counter()
+        sims = [(s, simulate(graph, s)) for s in nested_candidates(graph)]
+        seconds = time.perf_counter() - started
+        key = lambda t: (t[1].recompute_flops, sorted(t[0].all_cuts()))  # noqa: E731
+        cheapest = sorted((t for t in sims if t[1].peak_bytes <= budget
+                           and (ceiling_flops is None or t[1].recompute_flops < ceiling_flops)), key=key)
+        tiers = [cheapest[: self.NESTED_CANDIDATES]]
+        if ceiling_flops is None:
+            lowest = sorted(sims, key=lambda t: (t[1].peak_bytes, *key(t)))
+            tiers.append([t for t in lowest if t not in tiers[0]][: self.NESTED_CANDIDATES])
+        measured_plans = []
+        for tier in tiers:
+            fitting = []
+            for schedule, sim in tier:
+                program = apply_schedule(self.fn, graph, schedule)
+                measured = measure(program)
+                status, gap = ("FEASIBLE", 1.0) if sim.recompute_flops else ("OPTIMAL", 0.0)
+                plan = self._finish(graph, sim, schedule, measured, plain_peak, program, args, kwargs, nums,
+                                    baseline_flops, status, gap, seconds, len(measured_plans) + 1)
+                measured_plans.append(plan)
+                if measured <= budget:
+                    fitting.append(plan)
+                    if tier is tiers[0]:
+                        break  # the cheapest the model fits, and XLA agrees
+            if fitting:
+                return min(fitting, key=lambda p: p[0].measured_recompute_flops), None
+        return None, min(measured_plans, key=lambda p: p[0].measured_peak_bytes, default=None)
 
     def _loop_plans(self, whole: TracedProgram, scale: float, args: tuple, kwargs: dict,
                     argnums: tuple[int, ...], nums: Any, measure: Callable[[Callable[..., Any]], int],

@@ -45,8 +45,11 @@ class Plan:
         gap: relative optimality gap of the recompute FLOPs (0 when optimal).
         solve_seconds: time in the CP-SAT solver, all attempts.
         attempts: solves needed until XLA confirmed the budget.
-        schedule: the decisions (segment starts and saved names); ``None`` for a
-            strategy that is not a schedule on the graph (a JAX checkpoint policy).
+        schedule: the decisions (segment starts, saved names, nested segments);
+            ``None`` for a strategy that is not a schedule on the graph (a JAX
+            checkpoint policy). A nested schedule is chosen by measurement
+            among :func:`remat_opt._nesting.nested_candidates`: ``gap`` is then
+            against the trivial bound 0.
         strategy: who made the plan ("remat_opt", or a baseline's name).
         jax_version: the jax version it was measured with.
         loop_plan: set when the program's scans are kept as loops and
@@ -76,7 +79,7 @@ class Plan:
 
     @property
     def num_segments(self) -> int | None:
-        """Segments of the schedule; ``None`` when the plan has no schedule."""
+        """Segments of the schedule's outer level; ``None`` when the plan has no schedule."""
         if self.schedule is None:
             return None
         return 1 if self.schedule.plain else len(self.schedule.cuts) + 1
@@ -98,6 +101,8 @@ class Plan:
             status = self.status
         elif self.loop_plan is not None:
             status = "FEASIBLE, the cheapest loop plan that fits (no lower bound)"
+        elif self.schedule is not None and self.schedule.nested:
+            status = "FEASIBLE, the cheapest nested schedule that fits (no lower bound)"
         else:
             status = f"FEASIBLE, gap {self.gap:.1%}"
         predicted = "none" if self.predicted_peak_bytes is None else format_bytes(self.predicted_peak_bytes)
@@ -107,6 +112,8 @@ class Plan:
             decisions = "not a schedule"
         else:
             decisions = f"{self.num_segments} segment(s), {len(self.schedule.saved)} value(s) saved by name"
+            if self.schedule.nested:
+                decisions += f", checkpoints nested {self.schedule.depth()} levels deep"
         return (
             f"Plan[{self.strategy}] {status}: budget {format_bytes(self.budget_bytes)}, "
             f"predicted peak {predicted}, measured {measured}{plain}; {decisions}; "

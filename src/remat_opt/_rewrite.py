@@ -6,6 +6,8 @@ honours), wrapped in a ``jax.custom_vjp`` whose backward runs the segment's
 recompute-and-transpose inside a ``lax.cond`` on a predicate read from the
 incoming cotangent and the segment's output. The last segment runs as written
 (its backward follows its forward at once; see :mod:`remat_opt._memory`).
+A nested segment's function is its own level of such segments, so its
+backward reruns it under the inner schedule: checkpoints within a checkpoint.
 
 Why the fence: on XLA:CPU a bare ``jax.checkpoint`` is undone — CSE merges the
 recomputation into the forward and the scheduler hoists it (FINDINGS §1, jax
@@ -112,11 +114,12 @@ def fenced_checkpoint(
     return call
 
 
-def segments_of(graph: ProgramGraph, schedule: Schedule) -> tuple[Segment, ...]:
-    """Splits the primal program at the schedule's cuts."""
+def segments_of(graph: ProgramGraph, schedule: Schedule, start: int = 0, stop: int | None = None) -> tuple[Segment, ...]:
+    """Splits primal equations ``start:stop`` (the whole program by default) at the schedule's cuts."""
     jaxpr = graph.traced.jaxpr.jaxpr
     n = len(jaxpr.eqns)
-    bounds = [0, *sorted(c for c in schedule.cuts if 0 < c < n), n]
+    stop = n if stop is None else stop
+    bounds = [start, *sorted(c for c in schedule.cuts if start < c < stop), stop]
     names_at: dict[int, list[str]] = {}
     for v in schedule.saved:
         unit = graph.units[graph.node_unit[v]]
@@ -128,21 +131,21 @@ def segments_of(graph: ProgramGraph, schedule: Schedule) -> tuple[Segment, ...]:
         acc |= {v for v in jaxpr.eqns[p].invars if isinstance(v, core.Var)}
         later_reads[p] = set(acc)
     segments = []
-    for start, stop in zip(bounds[:-1], bounds[1:]):
-        defined = {v for e in jaxpr.eqns[start:stop] for v in e.outvars}
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        defined = {v for e in jaxpr.eqns[lo:hi] for v in e.outvars}
         read = []
-        for e in jaxpr.eqns[start:stop]:
+        for e in jaxpr.eqns[lo:hi]:
             read += [v for v in e.invars if isinstance(v, core.Var) and v not in defined and v not in read]
-        outs = [v for e in jaxpr.eqns[start:stop] for v in e.outvars if v in later_reads[stop]]
-        names = {name for p in range(start, stop) for name in names_at.get(p, ())}
+        outs = [v for e in jaxpr.eqns[lo:hi] for v in e.outvars if v in later_reads[hi]]
+        names = {name for p in range(lo, hi) for name in names_at.get(p, ())}
         # The segment's outputs are kept anyway (they cross the boundary). Saved by
         # name, jax.checkpoint does not recompute them for the residuals it needs.
-        for p in range(start, stop):
+        for p in range(lo, hi):
             for k, v in enumerate(jaxpr.eqns[p].outvars):
-                if v in later_reads[stop] and is_nameable(v.aval):
+                if v in later_reads[hi] and is_nameable(v.aval):
                     names.add(value_name(p, k))
         names = sorted(names)
-        segments.append(Segment(start, stop, tuple(read), tuple(outs), tuple(names)))
+        segments.append(Segment(lo, hi, tuple(read), tuple(outs), tuple(names)))
     return tuple(segments)
 
 
@@ -150,19 +153,44 @@ def rewrite(graph: ProgramGraph, schedule: Schedule) -> Callable[..., list[Any]]
     """The program of ``graph`` under ``schedule``, as a function of flat inputs."""
     closed = graph.traced.jaxpr
     jaxpr = closed.jaxpr
-    segments = segments_of(graph, schedule)
+    run = _level(graph, schedule, 0, len(jaxpr.eqns))
+
+    def program(*flat_args: Any) -> list[Any]:
+        env: dict = dict(zip(jaxpr.constvars, closed.consts))
+        env.update(zip(jaxpr.invars, flat_args))
+        run(env)
+        return [read_atom(env, v) for v in jaxpr.outvars]
+
+    return program
+
+
+def _level(graph: ProgramGraph, schedule: Schedule, start: int, stop: int) -> Callable[[dict], None]:
+    """Equations ``start:stop`` under one level of ``schedule``, evaluated into an environment.
+
+    Every segment but the last is a fenced checkpoint; a nested segment's
+    function is its own level, so its backward reruns it under the inner
+    schedule (checkpoints within a checkpoint). The last segment runs as
+    written: its backward follows its forward at once, so recomputing it
+    would only cost FLOPs (see :mod:`remat_opt._memory`).
+    """
+    jaxpr = graph.traced.jaxpr.jaxpr
+    segments = segments_of(graph, schedule, start, stop)
+    nested = dict(schedule.nested)
+    tangent = graph.traced.tangent_vars
 
     def segment_fn(seg: Segment) -> Callable[..., tuple[Any, ...]]:
+        inner = _level(graph, nested[seg.start], seg.start, seg.stop) if seg.start in nested else None
+
         def run(*vals: Any) -> tuple[Any, ...]:
             env = dict(zip(seg.inputs, vals))
-            eval_named(jaxpr, env, seg.start, seg.stop)
+            if inner is None:
+                eval_named(jaxpr, env, seg.start, seg.stop)
+            else:
+                inner(env)
             return tuple(env[v] for v in seg.outputs)
 
         return run
 
-    # The last segment runs as written: its backward follows its forward at
-    # once, so recomputing it would only cost FLOPs (see _memory).
-    tangent = graph.traced.tangent_vars
     fns = [
         fenced_checkpoint(segment_fn(s), s.saved_names, tuple(v in tangent for v in s.inputs))
         if any(v in tangent for v in s.inputs)
@@ -171,12 +199,9 @@ def rewrite(graph: ProgramGraph, schedule: Schedule) -> Callable[..., list[Any]]
     ]
     fns.append(segment_fn(segments[-1]))
 
-    def program(*flat_args: Any) -> list[Any]:
-        env: dict = dict(zip(jaxpr.constvars, closed.consts))
-        env.update(zip(jaxpr.invars, flat_args))
+    def run_level(env: dict) -> None:
         for seg, fn in zip(segments, fns):
             outs = fn(*(env[v] for v in seg.inputs))
             env.update(zip(seg.outputs, outs))
-        return [read_atom(env, v) for v in jaxpr.outvars]
 
-    return program
+    return run_level

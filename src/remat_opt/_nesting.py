@@ -1,0 +1,186 @@
+"""Nested schedules: checkpoints inside checkpoints, on the program's chain.
+
+A flat schedule stores each segment's input once and recomputes the segment
+once; its memory cannot fall below about two square roots of the chain. A
+nested schedule (:attr:`Schedule.nested`) checkpoints a segment's
+recomputation again, recomputing some layers more than once for less memory:
+Griewank's binomial checkpointing (Revolve) is the optimal such tree for a
+chain of equal steps under a number of stored states.
+
+The chain is the program cut at its articulation positions (where a single
+value crosses, :func:`remat_opt._chen.articulation_positions`); a step is the
+program between two of them, weighted by its FLOPs. Two families of trees are
+built by dynamic programming on it, both minimizing the FLOPs recomputed:
+
+* :func:`revolve_schedule` — Revolve proper: ``s`` stored states, and every
+  backward step tapes exactly one step (Griewank & Walther's recursion).
+* :func:`tape_schedule` — the same with a memory of ``m`` units, where a
+  stored state costs one unit and a taped run of ``k`` steps costs ``k``:
+  the last segment of a level may tape several steps instead of one, which
+  is what remat_opt's own execution model does. ``tape_schedule(m)`` is never
+  more expensive than ``revolve_schedule(m - 1)`` under this count.
+
+Units are a proxy for bytes; every tree is then simulated in bytes
+(:func:`remat_opt._memory.simulate`) and measured on XLA before it is used.
+
+References:
+    A. Griewank, A. Walther. Algorithm 799: Revolve: An Implementation of
+    Checkpointing for the Reverse or Adjoint Mode of Computational
+    Differentiation. ACM TOMS 26(1), 2000.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Sequence
+from itertools import accumulate
+
+from ._chen import articulation_positions
+from ._graph import ProgramGraph
+from ._memory import Schedule
+
+_INF = math.inf
+
+MAX_DEPTH = 3
+"""Levels of checkpoints a tree may have: each level reruns its segments once
+more, and XLA compiles every level's backward separately."""
+
+
+MAX_STEPS = 64
+"""Steps of the chain, at most: beyond, the narrowest articulation position of
+each of ``MAX_STEPS - 1`` equal windows bounds a step (the search grows with
+the cube of the steps)."""
+
+
+def chain_steps(graph: ProgramGraph) -> tuple[int, ...]:
+    """Boundaries of the chain's steps: ``0``, articulation positions, and the end."""
+    n = graph.num_positions
+    points = articulation_positions(graph)
+    if len(points) >= MAX_STEPS:
+        windows = MAX_STEPS - 1
+        kept = []
+        for w in range(windows):
+            inside = [p for p in points if w * n // windows <= p < (w + 1) * n // windows]
+            if inside:
+                kept.append(min(inside, key=lambda c: (graph.crossing_bytes(c), c)))
+        points = tuple(kept)
+    return (0, *points, n)
+
+
+def _step_flops(graph: ProgramGraph, bounds: tuple[int, ...]) -> tuple[int, ...]:
+    """Cumulative primal FLOPs at each boundary (``prefix[j] - prefix[i]`` is steps ``i:j``)."""
+    per_position = [0] * graph.num_positions
+    for u in graph.primal:
+        per_position[graph.units[u].position] += graph.units[u].flops
+    steps = [sum(per_position[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+    return (0, *accumulate(steps))
+
+
+def chain_trees(
+    prefix: Sequence[float], tape: bool, max_depth: int = MAX_DEPTH
+) -> Callable[[int], tuple[float, Schedule | None]]:
+    """The dynamic program on a chain of ``len(prefix) - 1`` steps, step ``i``
+    costing ``prefix[i + 1] - prefix[i]`` FLOPs.
+
+    Returns:
+        A function of the memory units giving the fewest FLOPs recomputed and
+        the tree that recomputes them, its cuts at step boundaries ``1 ..
+        steps - 1``; ``(inf, None)`` where no tree of at most ``max_depth``
+        levels fits. With ``tape`` false, the last segment of every level is
+        one step and a unit is one stored state (Revolve).
+    """
+    steps = len(prefix) - 1
+
+    def tape_limit(m: int) -> int:
+        """Steps the last segment of a level may tape with ``m`` units free."""
+        return m if tape else 1
+
+    @functools.cache
+    def cost(i: int, j: int, m: int, depth: int) -> tuple[float, int]:
+        """(FLOPs, first cut) to reverse steps ``i:j`` with their input stored,
+        ``m`` units free and ``depth`` levels of checkpoints allowed."""
+        if j - i <= tape_limit(m):
+            return 0.0, 0
+        if m < 2 - (not tape):  # a cut needs a unit for its state, and the rest still needs a tape
+            return _INF, 0
+        best = (_INF, 0)
+        for k in range(i + 1, j):
+            if depth == 1 and k - i > tape_limit(m):
+                continue  # the first segment would need a level of its own
+            rest, _ = cost(k, j, m - 1, depth)
+            if rest == _INF:
+                continue
+            first, _ = cost(i, k, m, depth - 1) if depth > 1 else (0.0, 0)
+            total = rest + (prefix[k] - prefix[i]) + first
+            if total < best[0]:
+                best = (total, k)
+        return best
+
+    def build(i: int, j: int, m: int, depth: int) -> Schedule:
+        """The tree of steps ``i:j``: its level's cuts and its nested segments."""
+        cuts, nested = set(), []
+        while j - i > tape_limit(m):
+            _, k = cost(i, j, m, depth)
+            # Segment i:k is recomputed in its backward, then reversed with m units.
+            if k - i > tape_limit(m):
+                nested.append((i, build(i, k, m, depth - 1)))
+            cuts.add(k)
+            i, m = k, m - 1
+        return Schedule(cuts=frozenset(cuts), nested=tuple(nested))
+
+    def tree(units: int) -> tuple[float, Schedule | None]:
+        total, _ = cost(0, steps, units, max_depth) if steps >= 1 else (_INF, 0)
+        return (total, None) if total == _INF else (total, build(0, steps, units, max_depth))
+
+    return tree
+
+
+def _on_positions(tree: Schedule, bounds: Sequence[int]) -> Schedule:
+    """A tree over step boundaries, moved onto the program's positions."""
+    return Schedule(cuts=frozenset(bounds[k] for k in tree.cuts),
+                    nested=tuple((bounds[i], _on_positions(inner, bounds)) for i, inner in tree.nested))
+
+
+def _trees(graph: ProgramGraph, tape: bool, max_depth: int) -> Callable[[int], Schedule | None]:
+    """:func:`chain_trees` on the program's chain, per number of units."""
+    bounds = chain_steps(graph)
+    solve = chain_trees(_step_flops(graph, bounds), tape, max_depth)
+
+    def tree(units: int) -> Schedule | None:
+        _, found = solve(units)
+        return None if found is None else _on_positions(found, bounds)
+
+    return tree
+
+
+def revolve_schedule(graph: ProgramGraph, snapshots: int, max_depth: int = MAX_DEPTH) -> Schedule | None:
+    """Griewank's binomial checkpointing with ``snapshots`` stored states.
+
+    Returns:
+        The nested schedule with the fewest recomputed FLOPs in which at most
+        ``snapshots`` chain states are stored at any time and each backward
+        step tapes one step; ``None`` when the chain cannot be reversed so.
+    """
+    return _trees(graph, tape=False, max_depth=max_depth)(snapshots)
+
+
+def tape_schedule(graph: ProgramGraph, units: int, max_depth: int = MAX_DEPTH) -> Schedule | None:
+    """The cheapest tree with ``units`` of memory, where taping ``k`` steps costs ``k``."""
+    return _trees(graph, tape=True, max_depth=max_depth)(units)
+
+
+def nested_candidates(graph: ProgramGraph, max_depth: int = MAX_DEPTH) -> tuple[Schedule, ...]:
+    """Every distinct nested tree of both families, from the least memory up to no nesting.
+
+    Flat schedules are left out: CP-SAT plans those.
+    """
+    steps = len(chain_steps(graph)) - 1
+    families = (_trees(graph, tape=False, max_depth=max_depth), _trees(graph, tape=True, max_depth=max_depth))
+    out: dict[Schedule, None] = {}
+    for m in range(1, steps + 1):
+        for tree in families:
+            schedule = tree(m)
+            if schedule is not None and schedule.nested:
+                out[schedule] = None
+    return tuple(out)

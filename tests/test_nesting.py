@@ -1,0 +1,119 @@
+"""Nested schedules: Revolve's count, exact gradients and FLOPs, and plans below the flat minimum."""
+
+from math import comb
+
+import jax
+import numpy as np
+import pytest
+
+import remat_opt
+from remat_opt import Schedule
+from remat_opt._graph import build_graph
+from remat_opt._measure import gradient_flops
+from remat_opt._memory import calibrate, nested_ranges, simulate
+from remat_opt._nesting import MAX_DEPTH, chain_trees, nested_candidates, revolve_schedule
+from remat_opt._optimize import apply_schedule
+from remat_opt._trace import trace
+from remat_opt.zoo import MODELS, MLPConfig
+
+CONFIG = MLPConfig(depth=16, width=128, batch=512)
+
+
+def griewank_recomputations(steps: int, snapshots: int) -> int:
+    """Forward steps Revolve recomputes to reverse ``steps`` equal steps
+    (Griewank & Walther 2000): ``t·L − C(s + t, t − 1)`` with the fewest
+    repetitions ``t`` such that ``C(s + t, s) >= L``."""
+    if steps == 1:
+        return 0
+    t = 1
+    while comb(snapshots + t, snapshots) < steps:
+        t += 1
+    return t * steps - comb(snapshots + t, t - 1)
+
+
+@pytest.mark.parametrize("snapshots", [1, 2, 3, 5])
+def test_revolve_recursion_meets_griewanks_count(snapshots):
+    for steps in range(1, 40):
+        cost, tree = chain_trees(tuple(range(steps + 1)), tape=False, max_depth=steps + 1)(snapshots)
+        assert cost == griewank_recomputations(steps, snapshots), (steps, snapshots)
+        assert tree is not None and tree.all_cuts() <= set(range(1, steps))
+
+
+def test_taping_more_steps_is_never_dearer():
+    """``m`` units with multi-step tapes include every Revolve tree with ``m − 1`` states."""
+    rng = np.random.default_rng(0)
+    prefix = tuple(np.concatenate([[0], np.cumsum(rng.integers(1, 9, size=20))]).tolist())
+    for depth in (2, 3):
+        tape, revolve = chain_trees(prefix, True, depth), chain_trees(prefix, False, depth)
+        costs = [tape(m)[0] for m in range(1, 22)]
+        assert costs == sorted(costs, reverse=True) and costs[-1] == 0
+        for m in range(2, 22):
+            assert tape(m)[0] <= revolve(m - 1)[0]
+
+
+def test_depth_limit_is_kept():
+    prefix = tuple(range(31))
+    for depth in (2, 3):
+        _, tree = chain_trees(prefix, False, depth)(8)  # C(8 + 2, 2) >= 30 steps
+        assert tree is not None and tree.depth() <= depth
+    # Flat, 6 states tape 7 steps at most (one each); 30 steps need a second level.
+    assert chain_trees(prefix, False, 1)(6) == (float("inf"), None)
+    assert chain_trees(tuple(range(8)), False, 1)(6)[1].depth() == 1
+
+
+def test_malformed_nesting_is_refused():
+    with pytest.raises(ValueError, match="last"):
+        nested_ranges(Schedule(cuts=frozenset({4}), nested=((4, Schedule(cuts=frozenset({6}))),)), 8)
+    with pytest.raises(ValueError, match="strictly inside"):
+        nested_ranges(Schedule(cuts=frozenset({4}), nested=((0, Schedule(cuts=frozenset({5}))),)), 8)
+    assert nested_ranges(Schedule(cuts=frozenset({4}), nested=((0, Schedule(cuts=frozenset({2}))),)), 8) == (
+        (0, 8), (0, 4))
+
+
+@pytest.fixture(scope="module")
+def mlp():
+    spec = MODELS["mlp"]
+    params, batch = spec.init(CONFIG, jax.random.PRNGKey(0))
+    plain = remat_opt.peak_bytes(spec.loss, params, batch)
+    graph = calibrate(build_graph(trace(spec.loss, (params, batch), {}, (0,))), plain)
+    return spec.loss, params, batch, graph
+
+
+def test_nested_programs_are_exact_and_counted(mlp):
+    """Checkpoints within checkpoints: the same gradients, and the FLOPs the model counts."""
+    loss, params, batch, graph = mlp
+    expected = jax.grad(loss)(params, batch)
+    plain_flops = gradient_flops(loss, (params, batch), {}, 0)
+    trees = [s for s in (revolve_schedule(graph, k) for k in (2, 4)) if s is not None]
+    trees.append(min(nested_candidates(graph), key=lambda s: simulate(graph, s).peak_bytes))
+    assert max(s.depth() for s in trees) >= 3
+    for schedule in trees:
+        program = apply_schedule(loss, graph, schedule)
+        got = jax.grad(program)(params, batch)
+        for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(expected)):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+        extra = gradient_flops(program, (params, batch), {}, 0) - plain_flops
+        assert abs(simulate(graph, schedule).recompute_flops - extra) <= 0.01 * plain_flops
+
+
+def test_nesting_reaches_below_every_flat_plan(mlp):
+    """remat_opt's lowest peak with nesting is under Chen's and CP-SAT's flat minimum,
+    and a budget there is met by a nested plan with exact gradients."""
+    loss, params, batch, graph = mlp
+    greedy = remat_opt.chen_greedy(loss, params, batch, budget_bytes=1, measure_top=3)
+    with pytest.raises(remat_opt.InfeasibleBudgetError) as info:
+        remat_opt.optimize(loss, 1).plan(params, batch)
+    lowest = info.value.min_budget_bytes
+    assert lowest < greedy.measured_peak_bytes
+    step = remat_opt.optimize(loss, lowest)
+    plan = step.plan(params, batch)
+    assert plan.fits and plan.schedule.depth() > 1, str(plan)
+    assert plan.measured_peak_bytes <= lowest
+    assert abs(plan.recompute_flops - plan.measured_recompute_flops) <= 0.01 * plan.baseline_flops
+    got, want = jax.grad(step)(params, batch), jax.grad(loss)(params, batch)
+    for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    revolve = remat_opt.revolve(loss, params, batch, budget_bytes=lowest)
+    assert revolve.schedule.depth() <= MAX_DEPTH
+    if revolve.fits:  # wherever Revolve fits, remat_opt fits with no more recompute
+        assert plan.measured_recompute_flops <= revolve.measured_recompute_flops
