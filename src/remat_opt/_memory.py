@@ -116,7 +116,11 @@ def transient_bytes(graph: ProgramGraph, unit: int) -> int:
 
 
 def materialized(graph: ProgramGraph, node: int) -> bool:
-    """Whether a residual gets a buffer of its own (XLA fuses the cheap ones away)."""
+    """Whether the backward holds a buffer for the value: a residual XLA does not
+    fuse away, or the source a fused residual is recomputed from
+    (:attr:`ProgramGraph.held`)."""
+    if graph.held and graph.held[node]:
+        return True
     return graph.residual[node] and not (graph.fused and graph.fused[node])
 
 
@@ -266,9 +270,9 @@ def simulate(graph: ProgramGraph, schedule: Schedule) -> Simulation:
                     level = innermost(node_seg[v], r)
                     first_reader[level] = min(first_reader.get(level, r), r)
             copies += [(v, level, r, levels[level][1]) for level, r in first_reader.items()]
-        # Code that runs as written stores its residuals where they are computed.
-        copies += [(v, innermost(node_seg[v], node_seg[v]), node_seg[v], node_seg[v]) for v in residual_as_written
-                   if materialized(graph, v) and not graph.is_output[v]]
+        # Code that runs as written stores its residuals (and held sources) where they are computed.
+        copies += [(v, innermost(node_seg[v], node_seg[v]), node_seg[v], node_seg[v]) for v in range(graph.num_nodes)
+                   if node_seg[v] in as_written and materialized(graph, v) and not graph.is_output[v]]
 
     # Fenced segments without nesting recompute the residuals that are not
     # stored, and what they read (the same values every time their backward runs).
@@ -306,24 +310,34 @@ def simulate(graph: ProgramGraph, schedule: Schedule) -> Simulation:
         flops += sum(units[u].flops for u in done & graph.primal)
         rerun |= done
 
-    def buffer_bytes(nodes: object) -> int:
-        """Bytes of the distinct buffers behind ``nodes`` (aliases counted once)."""
-        return sum(graph.node_bytes[b] for b in {graph.buffer[v] for v in nodes} if b >= 0)
-
-    kept_residuals = {graph.buffer[v] for v in range(graph.num_nodes)
-                      if graph.residual[v] and materialized(graph, v) and not graph.is_output[v]}
-    base = graph.input_bytes + graph.output_bytes
+    # Per segment, in one pass each: the distinct buffers stored (aliases counted
+    # once), what its backward rematerializes, and its largest transient.
+    live_buffers: list[set[int]] = [set() for _ in range(num_segments)]
+    for v, _, first, last in copies:
+        if graph.buffer[v] >= 0:
+            for j in range(first, last + 1):
+                live_buffers[j].add(graph.buffer[v])
+    rematerialized = [0] * num_segments
     kept = kept_buffers(graph)
-    seg_end = [max(p for p in range(graph.num_positions) if seg_of[p] == j) for j in range(num_segments)]
-    peaks = []
-    for j in range(num_segments):
-        stored = buffer_bytes(v for v, _, first, last in copies if first <= j <= last)
-        rematerialized = sum(remat_bytes(graph, u, kept) for u in recomputed if seg_of[units[u].position] == j)
-        rematerialized += relayout_bytes(graph, schedule, seg_of, j, j in as_written)
-        if j in as_written:
-            rematerialized += sum(tail_extra_bytes(graph, b) for b in kept_residuals if b >= 0 and node_seg[b] == j)
-        transient = max((transient_bytes(graph, u.index) for u in units if seg_of[u.position] == j), default=0)
-        peaks.append(base + stored + rematerialized + transient + boundary_cotangent_bytes(graph, seg_end[j] + 1))
+    for u in recomputed:
+        rematerialized[seg_of[units[u].position]] += remat_bytes(graph, u, kept)
+    for b in {graph.buffer[v] for v in range(graph.num_nodes) if materialized(graph, v) and not graph.is_output[v]}:
+        if b >= 0 and node_seg[b] in as_written:
+            rematerialized[node_seg[b]] += tail_extra_bytes(graph, b)
+    transient = [0] * num_segments
+    for u in units:
+        j = seg_of[u.position]
+        transient[j] = max(transient[j], transient_bytes(graph, u.index))
+    base = graph.input_bytes + graph.output_bytes
+    seg_end = [0] * num_segments
+    for p, j in enumerate(seg_of):
+        seg_end[j] = p
+    peaks = [
+        base + sum(graph.node_bytes[b] for b in live_buffers[j]) + rematerialized[j]
+        + relayout_bytes(graph, schedule, seg_of, j, j in as_written) + transient[j]
+        + boundary_cotangent_bytes(graph, seg_end[j] + 1)
+        for j in range(num_segments)
+    ]
     return Simulation(
         peak_bytes=max(peaks),
         recompute_flops=flops,

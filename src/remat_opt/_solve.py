@@ -257,7 +257,7 @@ class _Encoding:
         if e == g.num_positions - 1:
             tail_buffers = set()
             for v in range(g.num_nodes):
-                if g.residual[v] and materialized(g, v) and not g.is_output[v]:
+                if materialized(g, v) and not g.is_output[v]:  # residuals and held sources
                     lit = self.in_tail(g.position_of(v))
                     if isinstance(lit, int):
                         lit = self.model.NewConstant(1)
