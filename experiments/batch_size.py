@@ -18,6 +18,8 @@ alias of ``jax.jit(jax.value_and_grad(loss))``) for every strategy:
   ``dots_with_no_batch_dims_saveable`` program; same measurements shared).
 * ``chen_sqrt_n``: Chen et al.'s sqrt(n) segments through remat_opt's fenced
   rewriter.
+* ``revolve``: Griewank's binomial checkpointing as nested fenced checkpoints,
+  its lowest-memory schedule (``remat_opt.revolve`` with ``snapshots=None``).
 * ``remat_opt``: ``remat_opt.optimize(loss, memory).plan(params, batch)``
   returns a plan (XLA-verified) ⇔ fits; ``InfeasibleBudgetError`` (or another
   ``RematOptError``, reported) ⇔ does not.
@@ -82,7 +84,7 @@ QUICK_CONFIGS: dict[str, Any] = {
 QUICK_MODELS = ("mlp",)
 QUICK_STRATEGIES = ("no_remat", "chen_sqrt_n", "remat_opt")
 ALL_STRATEGIES = (
-    "no_remat", "checkpoint", "layer_checkpoint", "megatron_selective", "chen_sqrt_n", "remat_opt",
+    "no_remat", "checkpoint", "layer_checkpoint", "megatron_selective", "chen_sqrt_n", "revolve", "remat_opt",
 )
 
 
@@ -220,6 +222,9 @@ def baseline_program(
         return _policies.layer_policy_program(loss, "dots_with_no_batch_dims_saveable")
     if kind == "chen_sqrt_n":
         return chen_program(loss, args)
+    if kind == "revolve":  # its lowest-memory schedule, chosen by measuring, as remat_opt.revolve does
+        graph = build_graph(trace(loss, args, {}, (0,)), None)
+        return apply_schedule(loss, graph, remat_opt.revolve(loss, *args, budget_bytes=1).schedule)
     raise ValueError(f"unknown strategy {strategy!r}")
 
 
@@ -238,6 +243,8 @@ def baseline_plan(
         return remat_opt.megatron_selective(loss, *args, budget_bytes=memory)
     if kind == "chen_sqrt_n":
         return remat_opt.chen_sqrt_n(loss, *args, budget_bytes=memory)
+    if kind == "revolve":
+        return remat_opt.revolve(loss, *args, budget_bytes=memory)
     raise ValueError(f"unknown strategy {strategy!r}")
 
 
