@@ -3,12 +3,13 @@
 trace → graph → solve → rewrite → measure, once per input signature, cached.
 The judge is XLA: a plan is returned only after the rewritten gradient step
 has been compiled and its peak measured at or under the budget. When XLA's
-figure is over, the solver's target is tightened by the overshoot and the plan
-re-solved, a bounded number of times; then the lowest-memory schedule is
-measured, and if even that is over, :class:`InfeasibleBudgetError` says which
-budget XLA confirms. A program with scans also has its loop plans measured
-(:mod:`remat_opt._loops`); the plan that fits with the fewest recomputed FLOPs,
-schedule or loop plan, is returned.
+figure is over, the solver's target is tightened by the overshoot (and a 1%
+margin) and the plan re-solved, a bounded number of times; then the
+lowest-memory schedules are measured. Nested schedules
+(:mod:`remat_opt._nesting`) are measured too, and a program with scans has its
+loop plans measured (:mod:`remat_opt._loops`); the plan that fits with the
+fewest recomputed FLOPs, flat, nested or loop plan, is returned. If nothing
+fits, :class:`InfeasibleBudgetError` says which budget XLA confirms.
 """
 
 from __future__ import annotations
@@ -195,6 +196,9 @@ class OptimizedFunction:
                                         f"plan: {what}.)") from infeasible
         raise infeasible
 
+    RETRY_MARGIN = 100
+    """A re-solve's target is under the last one by the overshoot plus 1/RETRY_MARGIN of the budget."""
+
     NESTED_CANDIDATES = 3
     """Nested schedules measured on XLA, at most, per plan."""
 
@@ -293,7 +297,9 @@ class OptimizedFunction:
                 sim = simulate(graph, solution.schedule)
                 return self._finish(graph, sim, solution.schedule, measured, plain_peak, program, args, kwargs,
                                     nums, baseline_flops, solution.status, solution.gap, solve_seconds, attempt)
-            target -= measured - budget
+            # Tightened by the overshoot and a margin: a plan the model misjudges by a
+            # percent or two would otherwise cost every attempt, each just over.
+            target -= measured - budget + budget // self.RETRY_MARGIN
         # XLA kept measuring the model's plans over budget, or the model found
         # none under the tightened target: one of the lowest-memory schedules
         # may still fit (the model ranks them within a few percent of each
