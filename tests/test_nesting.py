@@ -16,7 +16,7 @@ from remat_opt._optimize import apply_schedule
 from remat_opt._trace import trace
 from remat_opt.zoo import MODELS, MLPConfig
 
-CONFIG = MLPConfig(depth=16, width=128, batch=512)
+CONFIG = MLPConfig(depth=32, width=128, batch=512)
 
 
 def griewank_recomputations(steps: int, snapshots: int) -> int:
@@ -93,7 +93,12 @@ def test_nested_programs_are_exact_and_counted(mlp):
         for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(expected)):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
         extra = gradient_flops(program, (params, batch), {}, 0) - plain_flops
-        assert abs(simulate(graph, schedule).recompute_flops - extra) <= 0.01 * plain_flops
+        sim = simulate(graph, schedule)
+        assert abs(sim.recompute_flops - extra) <= 0.01 * plain_flops
+        measured = remat_opt.peak_bytes(program, params, batch)
+        # Measured on this 32-layer chain: -3.6% to -7.5% (the model is one or two
+        # activations short on nested trees; within 0.4% on a 16-layer one).
+        assert abs(sim.peak_bytes - measured) <= 0.08 * measured, (schedule.depth(), sim.peak_bytes, measured)
 
 
 def test_nesting_reaches_below_every_flat_plan(mlp):

@@ -45,12 +45,10 @@ class Segment:
     saved_names: tuple[str, ...]
 
 
-def _first_inexact(tree: Any) -> jax.Array | None:
-    """The first element of the first floating leaf of ``tree``, if any."""
-    for leaf in jax.tree_util.tree_leaves(tree):
-        if hasattr(leaf, "dtype") and jnp.issubdtype(leaf.dtype, jnp.inexact) and leaf.size:
-            return jnp.ravel(leaf)[0]
-    return None
+def _first_elements(tree: Any) -> list[jax.Array]:
+    """The first element of every non-empty floating leaf of ``tree``."""
+    return [jnp.ravel(leaf)[0] for leaf in jax.tree_util.tree_leaves(tree)
+            if hasattr(leaf, "dtype") and jnp.issubdtype(leaf.dtype, jnp.inexact) and leaf.size]
 
 
 def _fence_predicate(probes: Sequence[jax.Array | None]) -> jax.Array | None:
@@ -63,14 +61,22 @@ def _fence_predicate(probes: Sequence[jax.Array | None]) -> jax.Array | None:
 
 
 def fenced_checkpoint(
-    fn: Callable[..., Any], saved_names: Sequence[str], differentiable: Sequence[bool] | None = None
+    fn: Callable[..., Any],
+    saved_names: Sequence[str],
+    differentiable: Sequence[bool] | None = None,
+    probe_output: bool = True,
 ) -> Callable[..., Any]:
     """``jax.checkpoint(fn)`` whose backward runs only once its cotangent exists.
 
-    The predicate reads the incoming cotangent (so the backward cannot start
-    before it) and the segment's own output: the loss's cotangent is the
-    constant 1.0, and a predicate XLA can fold would let it inline the branch
-    and merge the recomputation back into the forward (CSE).
+    The predicate reads the incoming cotangents (so the backward cannot start
+    before they exist), and with ``probe_output`` the segment's own output
+    too: the cotangent of an output that nothing reads later (the loss's is
+    the constant 1.0) is one XLA can fold, and a folded predicate would let it
+    inline the branch and merge the recomputation back into the forward (CSE).
+    Probing the output has a cost where the output is cheap elementwise work
+    (``x @ w + b``): XLA recomputes the probed element from the operands in
+    the backward and keeps them live until then (measured: one activation
+    more, jax 0.10.2), so it is probed only where the cotangents alone might fold.
 
     Args:
         fn: function of arrays to checkpoint.
@@ -80,6 +86,8 @@ def fenced_checkpoint(
             user's program (``TracedProgram.tangent_vars``); the others are
             closed over, so the backward never transposes what JAX would not
             (a ``while`` loop on a ``stop_gradient`` value, say). All by default.
+        probe_output: whether the predicate also reads the segment's output;
+            needed when no later computation reads any of its outputs.
 
     Returns:
         A function with ``fn``'s signature and values.
@@ -99,11 +107,11 @@ def fenced_checkpoint(
             return remat(*(next(it) if d else a for a, d in zip(args, mask)))
 
         out, vjp_fn = jax.vjp(of_differentiable, *(a for a, d in zip(args, mask) if d))
-        return out, (vjp_fn, _first_inexact(out))
+        return out, (vjp_fn, _first_elements(out)[:1] if probe_output else [])
 
     def bwd(res: Any, cotangents: Any) -> Any:
         vjp_fn, out_probe = res
-        pred = _fence_predicate((_first_inexact(cotangents), out_probe))
+        pred = _fence_predicate([*_first_elements(cotangents), *out_probe])
         cts = vjp_fn(cotangents) if pred is None else lax.cond(pred, vjp_fn, vjp_fn, cotangents)
         if differentiable is None:
             return cts
@@ -191,11 +199,13 @@ def _level(graph: ProgramGraph, schedule: Schedule, start: int, stop: int) -> Ca
 
         return run
 
+    read_later = [{v for e in jaxpr.eqns[s.stop:] for v in e.invars if isinstance(v, core.Var)} for s in segments]
     fns = [
-        fenced_checkpoint(segment_fn(s), s.saved_names, tuple(v in tangent for v in s.inputs))
+        fenced_checkpoint(segment_fn(s), s.saved_names, tuple(v in tangent for v in s.inputs),
+                          probe_output=not any(v in later for v in s.outputs))
         if any(v in tangent for v in s.inputs)
         else segment_fn(s)  # nothing in it is differentiated: no backward to fence
-        for s in segments[:-1]
+        for s, later in zip(segments[:-1], read_later)
     ]
     fns.append(segment_fn(segments[-1]))
 

@@ -42,6 +42,7 @@ from ._memory import (
     boundary_cotangent_bytes,
     kept_buffers,
     materialized,
+    read_by_backward,
     remat_bytes,
     simulate,
     tail_extra_bytes,
@@ -124,6 +125,7 @@ class _Encoding:
 
     def __init__(self, graph: ProgramGraph, cuts: tuple[int, ...], saves: tuple[int, ...]):
         self.graph = graph
+        self._fenced_reads: dict[tuple[int, int], cp_model.IntVar] = {}
         m = self.model = cp_model.CpModel()
         g, units = graph, graph.units
         n = g.num_positions
@@ -238,14 +240,23 @@ class _Encoding:
             if v in self.save:
                 terms[g.position_of(v)].append(g.node_bytes[v] * self.save[v])
             for q, lit in self.cross.get(v, ()):
-                tail = self.in_tail(q)
-                if isinstance(tail, int):
-                    continue  # q is in the last segment whatever the cuts
-                read = m.NewBoolVar(f"relayout{v}_{q}")  # v crosses into q's segment, not the last
-                m.AddBoolAnd([lit, tail.Not()]).OnlyEnforceIf(read)
-                m.AddBoolOr([lit.Not(), tail, read])
-                terms[q].append(g.node_bytes[v] * read)
+                read = self._crosses_before_tail(v, q, lit)  # v crosses into q's segment, not the last
+                if read is not None:
+                    terms[q].append(g.node_bytes[v] * read)
         return terms
+
+    def _crosses_before_tail(self, v: int, q: int, lit: cp_model.IntVar) -> cp_model.IntVar | None:
+        """A literal for: ``v`` crosses a cut before its reader at ``q``, and ``q``
+        is not in the last segment; ``None`` when ``q`` is always in it."""
+        tail = self.in_tail(q)
+        if isinstance(tail, int):
+            return None
+        if (v, q) not in self._fenced_reads:
+            both = self.model.NewBoolVar(f"fenced{v}_{q}")
+            self.model.AddBoolAnd([lit, tail.Not()]).OnlyEnforceIf(both)
+            self.model.AddBoolOr([lit.Not(), tail, both])
+            self._fenced_reads[v, q] = both
+        return self._fenced_reads[v, q]
 
     def _stored_at(self, e: int) -> cp_model.LinearExpr:
         """Bytes of distinct stored buffers live at the end position ``e``.
@@ -267,8 +278,20 @@ class _Encoding:
                 total += tail_extra_bytes(g, b) * self.in_tail(g.position_of(b))
         for v, chain in self.cross.items():
             lits = [lit for q, lit in chain if q <= e]
-            if lits:
-                live.setdefault(g.buffer[v], []).append(lits[-1])
+            if not lits:
+                continue
+            if e == g.num_positions - 1 and not read_by_backward(g, v):
+                # Into the last segment, which runs as written, a value the
+                # backward does not read dies in the forward: it is live at the
+                # end only if it crosses into a reader in a fenced segment.
+                lits = [self._crosses_before_tail(v, q, lit) for q, lit in chain]
+                lits = [lit for lit in lits if lit is not None]
+                if not lits:
+                    continue
+                lit = self.model.NewBoolVar(f"kept{v}")
+                self.model.AddMaxEquality(lit, lits)
+                lits = [lit]
+            live.setdefault(g.buffer[v], []).append(lits[-1])
         for v, s in self.save.items():
             if g.position_of(v) <= e:
                 live.setdefault(g.buffer[v], []).append(s)
