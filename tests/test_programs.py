@@ -121,6 +121,24 @@ def test_cond_and_switch_plan_for_the_worst_branch():
     assert any(d["primitive"] == "cond" for _, d in plan.graph.nodes(data=True))
 
 
+def test_a_cut_just_before_a_cond_keeps_its_index_integer():
+    """The cond's index crosses the cut as an integer output of a fenced segment."""
+    def loss(ws, x):
+        h = mlp(ws[:2], x)
+        h = lax.cond(jnp.sum(h) > 0, lambda h: jnp.sin(h) * h, lambda h: jnp.cos(h), h)
+        return jnp.mean(mlp(ws[2:], h) ** 2)
+
+    from remat_opt._graph import build_graph
+    from remat_opt._memory import Schedule
+    from remat_opt._optimize import apply_schedule
+
+    ws, x = weights(4), inputs()
+    graph = build_graph(trace(loss, (ws, x), {}, (0,)))
+    cond_at = next(i for i, e in enumerate(graph.traced.jaxpr.jaxpr.eqns) if e.primitive.name == "cond")
+    step = apply_schedule(loss, graph, Schedule(cuts=frozenset({cond_at})))
+    assert_tree_close(jax.grad(step)(ws, x), jax.grad(loss)(ws, x))
+
+
 def test_fori_loop_with_static_bounds_lowers_to_scan():
     def loss(ws, x):
         x = mlp(ws[:3], x)

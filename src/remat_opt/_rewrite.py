@@ -212,6 +212,9 @@ def _level(graph: ProgramGraph, schedule: Schedule, start: int, stop: int) -> Ca
     def run_level(env: dict) -> None:
         for seg, fn in zip(segments, fns):
             outs = fn(*(env[v] for v in seg.inputs))
+            # An integer output of a fenced segment carries a (float0) tangent out of
+            # its custom_vjp, which a later cond's index must not have: cut it off.
+            outs = [o if is_nameable(v.aval) else lax.stop_gradient(o) for v, o in zip(seg.outputs, outs)]
             env.update(zip(seg.outputs, outs))
 
     return run_level
