@@ -59,3 +59,12 @@ def test_libraries_quick(tmp_path):
     out = _run("libraries.py", "--layers", "2", "--d-model", "32", "--fractions", "0.6", "--out", str(tmp_path))
     assert "every budget met, gradients equal the library's plain step" in out
     assert {r["library"] for r in _rows(tmp_path / "libraries.csv")} == {"flax", "equinox"}
+
+
+def test_deep_chain_quick(tmp_path):
+    # A 16-layer chain: Chen, Revolve and remat_opt at remat_opt's lowest budget and each
+    # baseline's peak; the script exits non-zero if remat_opt misses a budget or loses.
+    out = _run("deep_chain.py", "--depth", "16", "--width", "64", "--batch", "256", "--out", str(tmp_path))
+    assert "every budget met; at each baseline's peak remat_opt recomputes no more" in out
+    strategies = {r["strategy"] for r in _rows(tmp_path / "deep_chain.csv")}
+    assert strategies == {"chen_sqrt_n", "chen_greedy", "revolve", "remat_opt"}

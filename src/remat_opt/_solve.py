@@ -230,7 +230,7 @@ class _Encoding:
     def _relayout_terms(self) -> list[list]:
         """Per position, the relayout copies its segment's backward makes
         (:func:`remat_opt._memory.relayout_bytes`, spread over reading positions)."""
-        g, m = self.graph, self.model
+        g = self.graph
         terms: list[list] = [[] for _ in range(g.num_positions)]
         if not g.transposed:
             return terms
