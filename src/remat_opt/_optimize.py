@@ -6,7 +6,8 @@ has been compiled and its peak measured at or under the budget. When XLA's
 figure is over, the solver's target is tightened by the overshoot (and a 1%
 margin) and the plan re-solved, a bounded number of times; then the
 lowest-memory schedules are measured. Nested schedules
-(:mod:`remat_opt._nesting`) are measured too, and a program with scans has its
+(:mod:`remat_opt._nesting`) and Chen's segmentations are measured too (the
+model is conservative on some; XLA decides), and a program with scans has its
 loop plans measured (:mod:`remat_opt._loops`); the plan that fits with the
 fewest recomputed FLOPs, flat, nested or loop plan, is returned. If nothing
 fits, :class:`InfeasibleBudgetError` says which budget XLA confirms.
@@ -25,6 +26,7 @@ import jax
 import networkx as nx
 
 from ._budget import parse_bytes
+from ._chen import chen_greedy_candidates, chen_sqrt_n_schedule
 from ._cost import CostModel
 from ._errors import InfeasibleBudgetError
 from ._graph import ProgramGraph, build_graph
@@ -179,17 +181,18 @@ class OptimizedFunction:
         except InfeasibleBudgetError as err:
             planned, infeasible = None, err
         ceiling = planned[0].measured_recompute_flops if planned is not None else None
-        nested, lowest_nested = self._nested_plan(graph, budget, ceiling, measure, args, kwargs, nums,
-                                                  baseline_flops, plain_peak)
-        # The fewest recomputed FLOPs wins; on a tie, the flat schedule, then the nested one.
-        choices = [p for p in (planned, nested, best_loop) if p is not None]
+        other, lowest_other = self._measured_schedules(graph, budget, ceiling, measure, args, kwargs, nums,
+                                                       baseline_flops, plain_peak)
+        # The fewest recomputed FLOPs wins; on a tie, CP-SAT's schedule, then the others.
+        choices = [p for p in (planned, other, best_loop) if p is not None]
         if choices:
             return min(choices, key=lambda p: p[0].measured_recompute_flops)
         # Nothing fits: the error names the lowest peak XLA measured for any plan.
         lowest = [(p[0].measured_peak_bytes, f"{p[0].loop_plan}") for p in loops]
-        if lowest_nested is not None:
-            lowest.append((lowest_nested[0].measured_peak_bytes, "a nested schedule "
-                           f"({lowest_nested[0].schedule.depth()} levels)"))
+        if lowest_other is not None:
+            depth = lowest_other[0].schedule.depth()
+            lowest.append((lowest_other[0].measured_peak_bytes,
+                           f"a nested schedule ({depth} levels)" if depth > 1 else "a Chen segmentation"))
         peak, what = min(lowest, default=(infeasible.min_budget_bytes, ""))
         if peak < infeasible.min_budget_bytes:
             raise InfeasibleBudgetError(budget, peak, detail=f"(XLA measured {peak:,} bytes for the lowest-memory "
@@ -199,32 +202,42 @@ class OptimizedFunction:
     RETRY_MARGIN = 100
     """A re-solve's target is under the last one by the overshoot plus 1/RETRY_MARGIN of the budget."""
 
-    NESTED_CANDIDATES = 3
-    """Nested schedules measured on XLA, at most, per plan."""
+    MEASURED_CANDIDATES = 3
+    """Schedules outside CP-SAT's search measured on XLA, at most, per tier and plan."""
 
-    def _nested_plan(self, graph: ProgramGraph, budget: int, ceiling_flops: int | None,
-                     measure: Callable[[Callable[..., Any]], int], args: tuple, kwargs: dict, nums: Any,
-                     baseline_flops: int, plain_peak: int) -> tuple[tuple[Plan, Callable[..., Any]] | None,
-                                                                     tuple[Plan, Callable[..., Any]] | None]:
-        """The cheapest nested schedule (:mod:`remat_opt._nesting`) that XLA fits in
-        ``budget`` with fewer recomputed FLOPs than ``ceiling_flops``, if any; and
-        the lowest-memory one XLA measured, for the error when nothing fits.
+    MODEL_SLACK = 0.15
+    """How far over the budget the model may predict a schedule that is still worth
+    measuring: it over-predicts heavily segmented plans (on attention models by up to
+    a fifth), and a plan XLA fits is a plan."""
 
-        The model ranks the trees, XLA decides. First those the model fits, the
+    def _measured_schedules(self, graph: ProgramGraph, budget: int, ceiling_flops: int | None,
+                            measure: Callable[[Callable[..., Any]], int], args: tuple, kwargs: dict, nums: Any,
+                            baseline_flops: int, plain_peak: int) -> tuple[tuple[Plan, Callable[..., Any]] | None,
+                                                                            tuple[Plan, Callable[..., Any]] | None]:
+        """The cheapest schedule outside CP-SAT's search that XLA fits in ``budget``
+        with fewer recomputed FLOPs than ``ceiling_flops``, if any; and the
+        lowest-memory one XLA measured, for the error when nothing fits.
+
+        The schedules: nested trees (:mod:`remat_opt._nesting`), which the CP-SAT
+        model does not encode, and Chen's segmentations, which it does but may
+        misjudge (the model is conservative on heavily segmented plans, so
+        CP-SAT can pass over one that XLA fits). The model ranks, XLA decides.
+        First those the model puts within :attr:`MODEL_SLACK` of the budget, the
         cheapest first; then, when nothing else fits (no ceiling), those the
-        model puts lowest, since the model misjudges some trees by a few percent
-        either way. At most :attr:`NESTED_CANDIDATES` of each are measured.
+        model puts lowest. At most :attr:`MEASURED_CANDIDATES` of each are measured.
         """
         started = time.perf_counter()
-        sims = [(s, simulate(graph, s)) for s in nested_candidates(graph)]
+        schedules = {s: None for s in (*nested_candidates(graph), chen_sqrt_n_schedule(graph),
+                                       *(s for _, s in chen_greedy_candidates(graph)))}
+        sims = [(s, simulate(graph, s)) for s in schedules]
         seconds = time.perf_counter() - started
         key = lambda t: (t[1].recompute_flops, sorted(t[0].all_cuts()))  # noqa: E731
-        cheapest = sorted((t for t in sims if t[1].peak_bytes <= budget
+        cheapest = sorted((t for t in sims if t[1].peak_bytes <= budget * (1 + self.MODEL_SLACK)
                            and (ceiling_flops is None or t[1].recompute_flops < ceiling_flops)), key=key)
-        tiers = [cheapest[: self.NESTED_CANDIDATES]]
+        tiers = [cheapest[: self.MEASURED_CANDIDATES]]
         if ceiling_flops is None:
             lowest = sorted(sims, key=lambda t: (t[1].peak_bytes, *key(t)))
-            tiers.append([t for t in lowest if t not in tiers[0]][: self.NESTED_CANDIDATES])
+            tiers.append([t for t in lowest if t not in tiers[0]][: self.MEASURED_CANDIDATES])
         measured_plans = []
         for tier in tiers:
             fitting = []

@@ -47,9 +47,9 @@ class Plan:
         attempts: solves needed until XLA confirmed the budget.
         schedule: the decisions (segment starts, saved names, nested segments);
             ``None`` for a strategy that is not a schedule on the graph (a JAX
-            checkpoint policy). A nested schedule is chosen by measurement
-            among :func:`remat_opt._nesting.nested_candidates`: ``gap`` is then
-            against the trivial bound 0.
+            checkpoint policy). A nested schedule (or one of Chen's) is chosen by
+            measurement among :func:`remat_opt._nesting.nested_candidates` and
+            Chen's segmentations: ``gap`` is then against the trivial bound 0.
         strategy: who made the plan ("remat_opt", or a baseline's name).
         jax_version: the jax version it was measured with.
         loop_plan: set when the program's scans are kept as loops and
