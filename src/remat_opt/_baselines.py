@@ -40,7 +40,7 @@ from dataclasses import replace
 from typing import Any
 
 from ._chen import chen_greedy_candidates, chen_sqrt_n_schedule
-from ._nesting import MAX_DEPTH, chain_steps, revolve_schedule
+from ._nesting import MAX_DEPTH, chain_steps, revolve_schedule, revolve_schedules
 from ._cost import CostModel
 from ._memory import Schedule, simulate
 from ._optimize import apply_schedule
@@ -81,8 +81,10 @@ def _chen_greedy(ref: Reference, measure_top: int) -> Plan:
 
 def _revolve(ref: Reference, snapshots: int | None, measure_top: int) -> Plan:
     start = time.perf_counter()
-    counts = [snapshots] if snapshots is not None else range(1, len(chain_steps(ref.graph)))
-    schedules = {s: None for s in (revolve_schedule(ref.graph, k) for k in counts) if s is not None}
+    if snapshots is None:
+        schedules = revolve_schedules(ref.graph)
+    else:
+        schedules = tuple(s for s in (revolve_schedule(ref.graph, snapshots),) if s is not None)
     if not schedules:
         raise ValueError(f"snapshots={snapshots} cannot reverse this program's chain of "
                          f"{len(chain_steps(ref.graph)) - 1} steps within {MAX_DEPTH} levels; pass more snapshots.")

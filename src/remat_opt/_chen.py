@@ -132,3 +132,11 @@ def chen_greedy_candidates(graph: ProgramGraph) -> tuple[tuple[int, Schedule], .
         schedule = chen_greedy_schedule(graph, threshold)
         seen.setdefault(schedule, threshold)
     return tuple((b, s) for s, b in seen.items())
+
+
+def chen_schedules(graph: ProgramGraph) -> tuple[Schedule, ...]:
+    """Chen's sqrt(n) schedule and every distinct greedy one: the segmentations
+    the solver starts from and ``optimize`` measures beside its own plans."""
+    found = {chen_sqrt_n_schedule(graph): None}
+    found.update({s: None for _, s in chen_greedy_candidates(graph)})
+    return tuple(found)

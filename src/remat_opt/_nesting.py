@@ -14,11 +14,12 @@ built by dynamic programming on it, both minimizing the FLOPs recomputed:
 
 * :func:`revolve_schedule` — Revolve proper: ``s`` stored states, and every
   backward step tapes exactly one step (Griewank & Walther's recursion).
-* :func:`tape_schedule` — the same with a memory of ``m`` units, where a
-  stored state costs one unit and a taped run of ``k`` steps costs ``k``:
-  the last segment of a level may tape several steps instead of one, which
-  is what remat_opt's own execution model does. ``tape_schedule(m)`` is never
-  more expensive than ``revolve_schedule(m - 1)`` under this count.
+* the tape family (:func:`nested_candidates`) — the same with a memory of
+  ``m`` units, where a stored state costs one unit and a taped run of ``k``
+  steps costs ``k``: the last segment of a level may tape several steps
+  instead of one, which is what remat_opt's own execution model does. With
+  ``m`` units it is never more expensive than Revolve with ``m - 1`` states
+  under this count.
 
 Units are a proxy for bytes; every tree is then simulated in bytes
 (:func:`remat_opt._memory.simulate`) and measured on XLA before it is used.
@@ -165,9 +166,12 @@ def revolve_schedule(graph: ProgramGraph, snapshots: int, max_depth: int = MAX_D
     return _trees(graph, tape=False, max_depth=max_depth)(snapshots)
 
 
-def tape_schedule(graph: ProgramGraph, units: int, max_depth: int = MAX_DEPTH) -> Schedule | None:
-    """The cheapest tree with ``units`` of memory, where taping ``k`` steps costs ``k``."""
-    return _trees(graph, tape=True, max_depth=max_depth)(units)
+def revolve_schedules(graph: ProgramGraph, max_depth: int = MAX_DEPTH) -> tuple[Schedule, ...]:
+    """:func:`revolve_schedule` for every number of stored states that reverses
+    the chain, distinct, fewest states first (one dynamic program for all)."""
+    tree = _trees(graph, tape=False, max_depth=max_depth)
+    found = {s: None for s in (tree(k) for k in range(1, len(chain_steps(graph)))) if s is not None}
+    return tuple(found)
 
 
 def nested_candidates(graph: ProgramGraph, max_depth: int = MAX_DEPTH) -> tuple[Schedule, ...]:

@@ -26,7 +26,7 @@ import jax
 import networkx as nx
 
 from ._budget import parse_bytes
-from ._chen import chen_greedy_candidates, chen_sqrt_n_schedule
+from ._chen import chen_schedules
 from ._cost import CostModel
 from ._errors import InfeasibleBudgetError
 from ._graph import ProgramGraph, build_graph
@@ -227,8 +227,7 @@ class OptimizedFunction:
         model puts lowest. At most :attr:`MEASURED_CANDIDATES` of each are measured.
         """
         started = time.perf_counter()
-        schedules = {s: None for s in (*nested_candidates(graph), chen_sqrt_n_schedule(graph),
-                                       *(s for _, s in chen_greedy_candidates(graph)))}
+        schedules = {s: None for s in (*nested_candidates(graph), *chen_schedules(graph))}
         sims = [(s, simulate(graph, s)) for s in schedules]
         seconds = time.perf_counter() - started
         key = lambda t: (t[1].recompute_flops, sorted(t[0].all_cuts()))  # noqa: E731

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
-from ._chen import chen_greedy_candidates, chen_sqrt_n_schedule
+from ._chen import chen_schedules
 from ._errors import InfeasibleBudgetError
 from ._graph import ProgramGraph
 from ._memory import (
@@ -325,8 +325,7 @@ def _solver(options: SolverOptions) -> cp_model.CpSolver:
 
 def _chen_starts(graph: ProgramGraph) -> list[Schedule]:
     """Chen's segmentations, distinct, by predicted peak (ties: by cut positions)."""
-    starts = {chen_sqrt_n_schedule(graph)} | {s for _, s in chen_greedy_candidates(graph)}
-    return sorted(starts, key=lambda s: (simulate(graph, s).peak_bytes, sorted(s.cuts)))
+    return sorted(chen_schedules(graph), key=lambda s: (simulate(graph, s).peak_bytes, sorted(s.cuts)))
 
 
 def min_peak_schedule(graph: ProgramGraph, options: SolverOptions = SolverOptions()) -> Schedule:
