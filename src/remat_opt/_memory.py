@@ -296,8 +296,7 @@ def simulate(graph: ProgramGraph, schedule: Schedule) -> Simulation:
     recomputed: set[int] = set()
     if not schedule.plain:
         available = {c[0] for c in copies} | set(schedule.saved) | set(residual_as_written)
-        if any(node_seg[v] not in (levels[0][0], levels[0][1]) and innermost(node_seg[v], node_seg[v]) > 0
-               for v in schedule.saved):
+        if any(innermost(node_seg[v], node_seg[v]) > 0 for v in schedule.saved):
             raise ValueError("names are saved only in segments that are not nested")
         stack = [graph.node_unit[v] for v in range(graph.num_nodes) if graph.residual[v] and v not in available]
         while stack:
