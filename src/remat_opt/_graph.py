@@ -31,6 +31,7 @@ from jax._src import core, source_info_util
 from jax._src.interpreters import partial_eval as pe
 
 from ._cost import CostModel, FlopCostModel
+from ._fusion import fused_residuals, fused_sources, reduced_residuals, transposed_layouts
 from ._names import eqn_index_of, eval_program
 from ._precision import upcast_dtypes, upcasting_evaluator
 from ._trace import TracedProgram
@@ -107,7 +108,7 @@ class ProgramGraph:
         held: per node id, a value the backward holds a buffer for although
             JAX does not list it as a residual: the source a fused residual
             is recomputed from inside XLA's backward fusions
-            (:func:`_fused_sources`).
+            (:func:`remat_opt._fusion.fused_sources`).
         plain_storage_scale: bytes XLA keeps per byte of residual the model
             stores for code that runs as written (the last segment, or the
             whole plain program); 1 until calibrated against XLA
@@ -199,32 +200,6 @@ class ProgramGraph:
 ALIASING_PRIMITIVES = frozenset(
     {"name", "reshape", "squeeze", "expand_dims", "copy_p", "optimization_barrier", "stop_gradient"}
 )
-
-# Elementwise (or broadcast-like) primitives XLA:CPU fuses into their consumers
-# and duplicates freely (not in XLA's ``IsExpensive``): a value made by one of
-# these from values the backward holds anyway never gets a buffer of its own.
-CHEAP_FUSIBLE_PRIMITIVES = frozenset({
-    "add", "add_any", "sub", "mul", "neg", "max", "min", "select_n", "integer_pow", "square",
-    "abs", "sign", "convert_element_type", "broadcast_in_dim", "iota", "eq", "ne", "lt", "le",
-    "gt", "ge", "and", "or", "not", "xor", "clamp", "floor", "ceil", "round", "copy", "copy_p",
-    "reshape", "squeeze", "expand_dims", "name", "stop_gradient", "transpose", "reduce_precision",
-    "real", "imag", "conj", "is_finite", "nextafter",
-})
-
-# Consumers that read their operands from memory (XLA:CPU never fuses a
-# producer into them): an operand of one of these is materialized in the forward.
-MATERIALIZING_CONSUMERS = frozenset({
-    "dot_general", "conv_general_dilated", "gather", "scatter", "scatter-add", "scatter_add",
-    "dynamic_slice", "dynamic_update_slice", "sort", "cumsum", "cumprod", "cummax", "cumlogsumexp",
-    "custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr", "while", "cond", "scan",
-    "fft", "triangular_solve", "cholesky", "lu", "qr", "eigh", "svd",
-})
-
-
-# Reductions: XLA:CPU reads their operand from memory.
-REDUCTIONS = frozenset({"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "argmax", "argmin", "reduce_and",
-                        "reduce_or"})
-
 
 def _source_line(eqn: core.JaxprEqn) -> str:
     frame = source_info_util.user_frame(eqn.source_info.traceback)
@@ -328,11 +303,11 @@ def build_graph(traced: TracedProgram, cost_model: CostModel | None = None) -> P
         if isinstance(v, core.Var) and v in node_of:
             is_output[node_of[v]] = True
     reduced = [False] * len(node_bytes)
-    for v in _reduced_residuals(linear.jaxpr, len(res_avals)):
+    for v in reduced_residuals(linear.jaxpr, len(res_avals)):
         res_var = kj.outvars[len(kj.outvars) - len(res_avals) + v]
         if isinstance(res_var, core.Var) and res_var in node_of and buffer[node_of[res_var]] >= 0:
             reduced[buffer[node_of[res_var]]] = True
-    fused = _fused_residuals(units, node_unit, residual, buffer, consumers, reduced)
+    fused = fused_residuals(units, node_unit, residual, buffer, consumers, reduced)
     graph = ProgramGraph(
         traced=traced,
         units=tuple(units),
@@ -348,28 +323,13 @@ def build_graph(traced: TracedProgram, cost_model: CostModel | None = None) -> P
         node_shape=tuple(shapes),
         node_dtype=tuple(dtypes),
         fused=fused,
-        held=_fused_sources(units, node_unit, residual, buffer, fused),
+        held=fused_sources(units, node_unit, residual, buffer, fused),
         crossing=_crossing_profile(units, node_unit, node_bytes, consumers, len(closed.jaxpr.eqns)),
         input_labels=input_labels(traced),
         input_readers=tuple(tuple(sorted(r)) for r in input_readers),
-        transposed=_transposed_layouts(units, node_unit, shapes),
+        transposed=transposed_layouts(units, node_unit, shapes),
     )
     return dataclasses.replace(graph, primal=primal_units(graph))
-
-
-def _transposed_layouts(
-    units: list[Unit], node_unit: list[int], shapes: list[tuple[int, ...]]
-) -> tuple[bool, ...]:
-    """Per node: XLA lays the value out transposed (it turns ``transpose`` into a
-    layout change, and elementwise work on such a value keeps that layout)."""
-    out = [False] * len(node_unit)
-    for unit in units:
-        for v in unit.outputs:
-            out[v] = unit.primitive == "transpose" or (
-                unit.primitive not in MATERIALIZING_CONSUMERS
-                and any(out[w] and shapes[w] == shapes[v] for w in unit.inputs)
-            )
-    return tuple(out)
 
 
 def input_labels(traced: TracedProgram) -> tuple[str, ...]:
@@ -419,127 +379,6 @@ def _cse_key(eqn: core.JaxprEqn, node_of: dict, buffer: list[int]) -> tuple | No
     except Exception:
         return None
     return (eqn.primitive.name, params, str(eqn.outvars[0].aval), tuple(args))
-
-
-def _reduced_residuals(linear: core.Jaxpr, num_residuals: int) -> set[int]:
-    """Indices of the residuals the backward reduces against a cotangent.
-
-    In the linear (tangent) program a residual multiplied by a smaller tangent,
-    broadcast before the ``mul`` or inside it (``normalized * d_scale[None]``
-    in a norm layer), transposes to ``reduce_sum(normalized * ct)``: the
-    gradient of the scale. XLA:CPU runs that reduction as a fusion that reads
-    its elementwise operands from memory, so the residual gets a buffer even
-    when it is cheap to recompute (measured on jax 0.10.2, resnet: the group
-    norms' normalized activations are held through their segment's backward).
-    The residuals are the leading inputs of the linear program.
-    """
-    def size(v: Any) -> int:
-        return int(np.prod(getattr(v.aval, "shape", ()), dtype=np.int64))
-
-    index = {v: k for k, v in enumerate(linear.invars[:num_residuals])}
-    smaller: dict[Any, int] = {}  # tangent -> elements it was broadcast from
-    out: set[int] = set()
-    for eqn in linear.eqns:
-        if eqn.primitive.name == "broadcast_in_dim" and isinstance(eqn.invars[0], core.Var):
-            src = eqn.invars[0]
-            smaller[eqn.outvars[0]] = min(size(src), smaller.get(src, size(src)))
-        elif eqn.primitive.name == "mul" and len(eqn.invars) == 2:
-            a, b = eqn.invars
-            for res, other in ((a, b), (b, a)):
-                if not (isinstance(res, core.Var) and res in index and isinstance(other, core.Var)):
-                    continue
-                if other not in index and smaller.get(other, size(other)) < size(res):
-                    out.add(index[res])
-    return out
-
-
-def _fused_residuals(
-    units: list[Unit], node_unit: list[int], residual: list[bool], buffer: list[int], consumers: list[list[int]],
-    reduced: list[bool] | None = None,
-) -> tuple[bool, ...]:
-    """Per node: a residual XLA recomputes inside the backward's fusions instead of keeping.
-
-    A residual made by a cheap elementwise unit (``1 - tanh²``, ``2 (x - m)``,
-    a broadcast of a constant) from values the backward holds anyway (program
-    inputs, other kept residuals, or such cheap values of them) is fused into
-    its backward readers by XLA and has no buffer, unless a forward reader
-    that works from memory (a ``dot_general``) forces it into one.
-    """
-    n = len(node_unit)
-    readers: list[set[str]] = [set() for _ in range(n)]  # readers of each buffer, through aliases
-    res_buf = [False] * n  # the backward reads the buffer (through any alias)
-    for v in range(n):
-        b = buffer[v]
-        if b >= 0:
-            readers[b].update(units[u].primitive for u in consumers[v])
-            res_buf[b] = res_buf[b] or residual[v]
-    kept = [False] * n  # a buffer the backward holds anyway (a residual XLA keeps)
-    free = [False] * n  # available to the backward at no cost of its own
-    fused = [False] * n
-    for unit in units:
-        for v in unit.outputs:
-            b = buffer[v]
-            if b < 0:  # alias of a program input
-                free[v] = True
-                continue
-            if b != v:
-                kept[v], free[v], fused[v] = kept[b], free[b], fused[b]
-                continue
-            cheap = unit.primitive in CHEAP_FUSIBLE_PRIMITIVES and not (readers[v] & MATERIALIZING_CONSUMERS)
-            inputs_free = all(free[w] or kept[w] for w in unit.inputs)
-            if res_buf[v]:
-                fused[v] = cheap and inputs_free and not (reduced and reduced[v])  # see _reduced_residuals
-                kept[v] = not fused[v]
-                free[v] = True
-            else:
-                free[v] = unit.primitive in CHEAP_FUSIBLE_PRIMITIVES and inputs_free
-    return tuple(fused)
-
-
-def _fused_sources(
-    units: list[Unit], node_unit: list[int], residual: list[bool], buffer: list[int], fused: tuple[bool, ...]
-) -> tuple[bool, ...]:
-    """Per node: a value XLA keeps for the backward because a fused residual is
-    recomputed from it.
-
-    XLA duplicates cheap elementwise work into every fusion that reads it, so a
-    fused residual (``_fused_residuals``) is recomputed in its backward fusions
-    from the nearest values that are not cheap: walking up through cheap units
-    (even ones whose own buffer is kept), to a convolution, a dot, a reduction,
-    a transcendental. Those sources stay live into the backward. Measured on
-    XLA:CPU (jax 0.10.2): in a group norm, the relu mask and ``(x - mean) *
-    rsqrt(var)`` are recomputed in the backward from the convolution's output,
-    which XLA holds, although JAX's residuals are ``x - mean`` and the relu
-    output. The walk also stops at a cheap value a reduction reads directly
-    (a residual stream under a layer norm's mean): XLA materializes a
-    reduction's operand, and the fusions read it there. Program inputs are
-    live anyway and are not marked.
-    """
-    n = len(node_unit)
-    reduced_in_forward = [False] * n  # a reduction reads the buffer (through any alias)
-    for unit in units:
-        if unit.primitive in REDUCTIONS:
-            for w in unit.inputs:
-                if buffer[w] >= 0:
-                    reduced_in_forward[buffer[w]] = True
-    held = [False] * n
-    seen: set[int] = set()
-    stack = [v for v in range(n) if residual[v] and fused and fused[v]]
-    while stack:
-        v = stack.pop()
-        if v in seen:
-            continue
-        seen.add(v)
-        for w in units[node_unit[v]].inputs:
-            b = buffer[w]
-            if b < 0:
-                continue  # a program input (or an alias of one)
-            producer = units[node_unit[b]]
-            if producer.primitive in CHEAP_FUSIBLE_PRIMITIVES and not reduced_in_forward[b]:
-                stack.append(b)  # duplicated into the reading fusion: go on up
-            else:
-                held[b] = True
-    return tuple(held)
 
 
 def primal_units(graph: ProgramGraph) -> frozenset[int]:

@@ -1,0 +1,179 @@
+"""Which values XLA:CPU gives a buffer of its own: facts the graph records about fusion.
+
+XLA fuses cheap elementwise work into its readers, so many residuals JAX lists
+never get a buffer (they are recomputed inside the backward's fusions), while
+some values JAX does not list are held for those fusions. Each rule here was
+read off XLA's buffer assignment (jax 0.10.2, XLA:CPU); :mod:`remat_opt._graph`
+applies them when it builds the program graph.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from jax._src import core
+
+if TYPE_CHECKING:
+    from ._graph import Unit
+
+# Elementwise (or broadcast-like) primitives XLA:CPU fuses into their consumers
+# and duplicates freely (not in XLA's ``IsExpensive``): a value made by one of
+# these from values the backward holds anyway never gets a buffer of its own.
+CHEAP_FUSIBLE_PRIMITIVES = frozenset({
+    "add", "add_any", "sub", "mul", "neg", "max", "min", "select_n", "integer_pow", "square",
+    "abs", "sign", "convert_element_type", "broadcast_in_dim", "iota", "eq", "ne", "lt", "le",
+    "gt", "ge", "and", "or", "not", "xor", "clamp", "floor", "ceil", "round", "copy", "copy_p",
+    "reshape", "squeeze", "expand_dims", "name", "stop_gradient", "transpose", "reduce_precision",
+    "real", "imag", "conj", "is_finite", "nextafter",
+})
+
+# Consumers that read their operands from memory (XLA:CPU never fuses a
+# producer into them): an operand of one of these is materialized in the forward.
+MATERIALIZING_CONSUMERS = frozenset({
+    "dot_general", "conv_general_dilated", "gather", "scatter", "scatter-add", "scatter_add",
+    "dynamic_slice", "dynamic_update_slice", "sort", "cumsum", "cumprod", "cummax", "cumlogsumexp",
+    "custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr", "while", "cond", "scan",
+    "fft", "triangular_solve", "cholesky", "lu", "qr", "eigh", "svd",
+})
+
+
+# Reductions: XLA:CPU reads their operand from memory.
+REDUCTIONS = frozenset({"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "argmax", "argmin", "reduce_and",
+                        "reduce_or"})
+
+
+def transposed_layouts(
+    units: list[Unit], node_unit: list[int], shapes: list[tuple[int, ...]]
+) -> tuple[bool, ...]:
+    """Per node: XLA lays the value out transposed (it turns ``transpose`` into a
+    layout change, and elementwise work on such a value keeps that layout)."""
+    out = [False] * len(node_unit)
+    for unit in units:
+        for v in unit.outputs:
+            out[v] = unit.primitive == "transpose" or (
+                unit.primitive not in MATERIALIZING_CONSUMERS
+                and any(out[w] and shapes[w] == shapes[v] for w in unit.inputs)
+            )
+    return tuple(out)
+
+
+def reduced_residuals(linear: core.Jaxpr, num_residuals: int) -> set[int]:
+    """Indices of the residuals the backward reduces against a cotangent.
+
+    In the linear (tangent) program a residual multiplied by a smaller tangent,
+    broadcast before the ``mul`` or inside it (``normalized * d_scale[None]``
+    in a norm layer), transposes to ``reduce_sum(normalized * ct)``: the
+    gradient of the scale. XLA:CPU runs that reduction as a fusion that reads
+    its elementwise operands from memory, so the residual gets a buffer even
+    when it is cheap to recompute (measured on jax 0.10.2, resnet: the group
+    norms' normalized activations are held through their segment's backward).
+    The residuals are the leading inputs of the linear program.
+    """
+    def size(v: Any) -> int:
+        return int(np.prod(getattr(v.aval, "shape", ()), dtype=np.int64))
+
+    index = {v: k for k, v in enumerate(linear.invars[:num_residuals])}
+    smaller: dict[Any, int] = {}  # tangent -> elements it was broadcast from
+    out: set[int] = set()
+    for eqn in linear.eqns:
+        if eqn.primitive.name == "broadcast_in_dim" and isinstance(eqn.invars[0], core.Var):
+            src = eqn.invars[0]
+            smaller[eqn.outvars[0]] = min(size(src), smaller.get(src, size(src)))
+        elif eqn.primitive.name == "mul" and len(eqn.invars) == 2:
+            a, b = eqn.invars
+            for res, other in ((a, b), (b, a)):
+                if not (isinstance(res, core.Var) and res in index and isinstance(other, core.Var)):
+                    continue
+                if other not in index and smaller.get(other, size(other)) < size(res):
+                    out.add(index[res])
+    return out
+
+
+def fused_residuals(
+    units: list[Unit], node_unit: list[int], residual: list[bool], buffer: list[int], consumers: list[list[int]],
+    reduced: list[bool] | None = None,
+) -> tuple[bool, ...]:
+    """Per node: a residual XLA recomputes inside the backward's fusions instead of keeping.
+
+    A residual made by a cheap elementwise unit (``1 - tanh²``, ``2 (x - m)``,
+    a broadcast of a constant) from values the backward holds anyway (program
+    inputs, other kept residuals, or such cheap values of them) is fused into
+    its backward readers by XLA and has no buffer, unless a forward reader
+    that works from memory (a ``dot_general``) forces it into one.
+    """
+    n = len(node_unit)
+    readers: list[set[str]] = [set() for _ in range(n)]  # readers of each buffer, through aliases
+    res_buf = [False] * n  # the backward reads the buffer (through any alias)
+    for v in range(n):
+        b = buffer[v]
+        if b >= 0:
+            readers[b].update(units[u].primitive for u in consumers[v])
+            res_buf[b] = res_buf[b] or residual[v]
+    kept = [False] * n  # a buffer the backward holds anyway (a residual XLA keeps)
+    free = [False] * n  # available to the backward at no cost of its own
+    fused = [False] * n
+    for unit in units:
+        for v in unit.outputs:
+            b = buffer[v]
+            if b < 0:  # alias of a program input
+                free[v] = True
+                continue
+            if b != v:
+                kept[v], free[v], fused[v] = kept[b], free[b], fused[b]
+                continue
+            cheap = unit.primitive in CHEAP_FUSIBLE_PRIMITIVES and not (readers[v] & MATERIALIZING_CONSUMERS)
+            inputs_free = all(free[w] or kept[w] for w in unit.inputs)
+            if res_buf[v]:
+                fused[v] = cheap and inputs_free and not (reduced and reduced[v])  # see reduced_residuals
+                kept[v] = not fused[v]
+                free[v] = True
+            else:
+                free[v] = unit.primitive in CHEAP_FUSIBLE_PRIMITIVES and inputs_free
+    return tuple(fused)
+
+
+def fused_sources(
+    units: list[Unit], node_unit: list[int], residual: list[bool], buffer: list[int], fused: tuple[bool, ...]
+) -> tuple[bool, ...]:
+    """Per node: a value XLA keeps for the backward because a fused residual is
+    recomputed from it.
+
+    XLA duplicates cheap elementwise work into every fusion that reads it, so a
+    fused residual (``fused_residuals``) is recomputed in its backward fusions
+    from the nearest values that are not cheap: walking up through cheap units
+    (even ones whose own buffer is kept), to a convolution, a dot, a reduction,
+    a transcendental. Those sources stay live into the backward. Measured on
+    XLA:CPU (jax 0.10.2): in a group norm, the relu mask and ``(x - mean) *
+    rsqrt(var)`` are recomputed in the backward from the convolution's output,
+    which XLA holds, although JAX's residuals are ``x - mean`` and the relu
+    output. The walk also stops at a cheap value a reduction reads directly
+    (a residual stream under a layer norm's mean): XLA materializes a
+    reduction's operand, and the fusions read it there. Program inputs are
+    live anyway and are not marked.
+    """
+    n = len(node_unit)
+    reduced_in_forward = [False] * n  # a reduction reads the buffer (through any alias)
+    for unit in units:
+        if unit.primitive in REDUCTIONS:
+            for w in unit.inputs:
+                if buffer[w] >= 0:
+                    reduced_in_forward[buffer[w]] = True
+    held = [False] * n
+    seen: set[int] = set()
+    stack = [v for v in range(n) if residual[v] and fused and fused[v]]
+    while stack:
+        v = stack.pop()
+        if v in seen:
+            continue
+        seen.add(v)
+        for w in units[node_unit[v]].inputs:
+            b = buffer[w]
+            if b < 0:
+                continue  # a program input (or an alias of one)
+            producer = units[node_unit[b]]
+            if producer.primitive in CHEAP_FUSIBLE_PRIMITIVES and not reduced_in_forward[b]:
+                stack.append(b)  # duplicated into the reading fusion: go on up
+            else:
+                held[b] = True
+    return tuple(held)
