@@ -8,7 +8,7 @@ import pytest
 
 from remat_opt import InfeasibleBudgetError, Schedule
 from remat_opt._graph import build_graph
-from remat_opt._memory import simulate
+from remat_opt._memory import gradient_slots, simulate, slot_credit
 from remat_opt._solve import SolverOptions, cut_candidates, min_peak_schedule, save_candidates, solve
 from remat_opt._trace import trace
 
@@ -35,10 +35,26 @@ def tiny_transpose(ws, x):
     return jnp.sum((h2 * h) ** 2)
 
 
+def tiny_softmax(ws, x):
+    e = jnp.exp(jnp.tanh(x @ ws[0]))
+    p = e / jnp.sum(e, axis=1, keepdims=True)  # a quotient by a broadcast row sum (_memory.transient_bytes)
+    return jnp.sum(jnp.sin(p @ ws[1]) ** 2)
+
+
+def tiny_output(ws, x):
+    s = x @ ws[0] + 1.0  # recomputing cos(s) reads s; past its segment only the last segment's add does
+    b = jnp.tanh(jnp.sin(s) @ ws[1])
+    return jnp.sum((b + s) ** 2)
+
+
 PROGRAMS = {
     "chain": (tiny_chain, [jnp.full((8, 8), 0.1) for _ in range(3)], jnp.ones((16, 8))),
     "skip": (tiny_skip, [jnp.full((8, 8), 0.1) for _ in range(2)], jnp.ones((16, 8))),
     "transpose": (tiny_transpose, [jnp.full((8, 8), 0.1) for _ in range(2)], jnp.ones((16, 8))),
+    "output": (tiny_output, [jnp.full((8, 8), 0.1) for _ in range(2)], jnp.ones((16, 8))),
+    "softmax": (tiny_softmax, [jnp.full((8, 8), 0.1) for _ in range(2)], jnp.ones((16, 8))),
+    # Activations as large as a weight: stored values fit in gradient slots (_memory.slot_credit).
+    "chain_slots": (tiny_chain, [jnp.full((16, 16), 0.1) for _ in range(3)], jnp.ones((16, 16))),
 }
 
 
@@ -69,8 +85,9 @@ def test_solver_optimum_equals_brute_force(name, scale):
         assert checked.recompute_flops == solution.objective_flops == best
 
 
-def test_min_peak_equals_brute_force():
-    fn, ws, x = PROGRAMS["chain"]
+@pytest.mark.parametrize("name", ["chain", "chain_slots"])
+def test_min_peak_equals_brute_force(name):
+    fn, ws, x = PROGRAMS[name]
     graph = _graph(fn, ws, x)
     lowest = min(simulate(graph, s).peak_bytes for s in _all_schedules(graph))
     assert simulate(graph, min_peak_schedule(graph)).peak_bytes == lowest
@@ -93,3 +110,26 @@ def test_solve_is_deterministic():
     options = SolverOptions(num_workers=4, seed=3)
     first, second = solve(graph, budget, options), solve(graph, budget, options)
     assert first.schedule == second.schedule
+
+
+def test_slot_credit_matches_nested_slots():
+    """Each buffer takes a slot of its size freed before it is computed; one a slot."""
+    slots = ((1024, 3), (1024, 7), (512, 1))
+    assert slot_credit([(1024, 5)], slots) == 1024
+    assert slot_credit([(1024, 5), (1024, 6)], slots) == 1024  # one slot free before position 5
+    assert slot_credit([(1024, 5), (1024, 9)], slots) == 2048
+    assert slot_credit([(1024, 2), (512, 4), (2048, 9)], slots) == 512  # too early; fits; no slot that size
+
+
+def test_stored_values_fill_free_gradient_slots():
+    """A stored activation as large as a weight is credited when a slot of an
+    earlier weight is free, at most once per stored buffer."""
+    fn, ws, x = PROGRAMS["chain_slots"]
+    graph = _graph(fn, ws, x)
+    assert [size for size, _ in gradient_slots(graph)] == [1024, 1024, 1024]
+    without = dataclasses.replace(graph, input_readers=tuple(() for _ in graph.input_readers))  # no slots
+    credits = []
+    for cut in cut_candidates(graph, 64):
+        schedule = Schedule(frozenset({cut}))
+        credits.append(simulate(without, schedule).peak_bytes - simulate(graph, schedule).peak_bytes)
+    assert max(credits) == 1024 and min(credits) == 0

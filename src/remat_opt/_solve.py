@@ -29,6 +29,7 @@ References:
 
 from __future__ import annotations
 
+import bisect
 import time
 from dataclasses import dataclass
 
@@ -40,11 +41,13 @@ from ._graph import ProgramGraph
 from ._memory import (
     Schedule,
     boundary_cotangent_bytes,
+    gradient_slots,
     kept_buffers,
     materialized,
     read_by_backward,
     remat_bytes,
     simulate,
+    slot_candidates,
     tail_extra_bytes,
     transient_bytes,
 )
@@ -195,6 +198,25 @@ class _Encoding:
             for w in u.inputs:
                 m.Add(self.rc[g.node_unit[w]] + sum(available(w)) >= self.rc[u.index])
 
+        # Schedules that save a name lose two of the model's terms (_memory.simulate).
+        self.any_saved = None
+        if self.save:
+            self.any_saved = m.NewBoolVar("any_saved")
+            m.AddMaxEquality(self.any_saved, list(self.save.values()))
+        no_names = [self.any_saved.Not()] if self.any_saved is not None else []
+
+        # A segment output read only by the last segment is saved by name for
+        # its own segment when that segment's recomputation reads it (_memory.simulate).
+        self.own_output: dict[int, cp_model.IntVar] = {}
+        for v, chain in self.cross.items():
+            if read_by_backward(g, v):
+                continue
+            fenced = [f for f in (self._crosses_before_tail(v, q, lit) for q, lit in chain) if f is not None]
+            kept = m.NewBoolVar(f"own{v}")
+            for u in set(g.consumers[v]):
+                m.Add(kept >= self.rc[u] + chain[-1][1] - 1 - sum(fenced))
+            self.own_output[v] = kept
+
         # Running sums over positions, reset where a segment starts.
         by_pos: list[list[int]] = [[] for _ in range(n)]
         for u in units:
@@ -210,12 +232,20 @@ class _Encoding:
             tmax = m.NewIntVar(0, big, f"tmax{p}")
             m.Add(acc >= local)
             m.Add(tmax >= t_here)
+            for u in by_pos[p]:
+                recomputed_here = transient_bytes(g, u, recomputed=True)
+                if recomputed_here > t_here:
+                    m.Add(tmax >= recomputed_here).OnlyEnforceIf([self.rc[u], *no_names])
             if p > 0:
                 enforce = [self.cut[p].Not()] if p in self.cut else []
                 m.Add(acc >= self.acc[p - 1] + local).OnlyEnforceIf(enforce)
                 m.Add(tmax >= self.tmax[p - 1]).OnlyEnforceIf(enforce)
             self.acc.append(acc)
             self.tmax.append(tmax)
+
+        # Gradient slots, and the buffers that may sit in them (_memory.slot_credit).
+        self.slots = gradient_slots(g)
+        self.slot_candidates = slot_candidates(g, self.slots)
 
         # Segment-end peaks: at e = c - 1 for each candidate c, and at the end.
         self.ends: list[tuple[int, cp_model.LinearExpr, list]] = []
@@ -276,6 +306,7 @@ class _Encoding:
                     tail_buffers.add(g.buffer[v])
             for b in sorted(tail_buffers - {-1}):  # calibrated storage of code run as written
                 total += tail_extra_bytes(g, b) * self.in_tail(g.position_of(b))
+        crossing: dict[int, list] = {}  # buffer -> literals: a value laid over it is stored across a cut
         for v, chain in self.cross.items():
             lits = [lit for q, lit in chain if q <= e]
             if not lits:
@@ -292,9 +323,13 @@ class _Encoding:
                 self.model.AddMaxEquality(lit, lits)
                 lits = [lit]
             live.setdefault(g.buffer[v], []).append(lits[-1])
+            crossing.setdefault(g.buffer[v], []).append(lits[-1])
         for v, s in self.save.items():
             if g.position_of(v) <= e:
                 live.setdefault(g.buffer[v], []).append(s)
+        for v, kept in self.own_output.items():
+            if g.position_of(v) <= e:
+                live.setdefault(g.buffer[v], []).append(kept)
         for b, lits in live.items():
             if b < 0:
                 continue
@@ -304,7 +339,37 @@ class _Encoding:
                 lit = self.model.NewBoolVar(f"buf{b}_{e}")
                 self.model.AddMaxEquality(lit, lits)
             total += g.node_bytes[b] * lit
-        return total
+        return total - self._slot_credit(e, crossing)
+
+    def _slot_credit(self, e: int, crossing: dict[int, list]) -> cp_model.LinearExpr:
+        """Stored bytes laid over free gradient slots at the end position ``e``
+        (:func:`remat_opt._memory.slot_credit`).
+
+        ``y`` marks a buffer credited: stored across a cut, in a schedule that
+        saves no names.
+        A buffer fits the slots of its size whose input's last reader precedes
+        it; those sets are nested, so Hall's condition on each prefix (no more
+        buffers up to a position than slots free before it) makes the largest
+        credit equal the simulator's matching.
+        """
+        g, m = self.graph, self.model
+        items: dict[int, list[tuple[int, object]]] = {}
+        for b, position in self.slot_candidates.items():
+            if b in crossing:
+                y = m.NewBoolVar(f"slot{b}_{e}")
+                m.Add(y <= sum(crossing[b]))
+                if self.any_saved is not None:
+                    m.AddImplication(y, self.any_saved.Not())
+                items.setdefault(g.node_bytes[b], []).append((position, y))
+        credit = 0
+        for size, listed in items.items():
+            reads = sorted(last for z, last in self.slots if z == size)
+            listed.sort(key=lambda item: item[0])
+            for k, (position, _) in enumerate(listed):
+                if k + 1 == len(listed) or listed[k + 1][0] != position:
+                    m.Add(sum(y for _, y in listed[: k + 1]) <= bisect.bisect_left(reads, position))
+            credit += size * sum(y for _, y in listed)
+        return credit
 
     def schedule(self, solver: cp_model.CpSolver) -> Schedule:
         cuts = frozenset(c for c, x in self.cut.items() if solver.Value(x))
