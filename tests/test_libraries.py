@@ -16,6 +16,7 @@ handling (``remat_opt._static``) is tested first, without any model library.
 from __future__ import annotations
 
 import types
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -25,7 +26,7 @@ from jax import lax
 
 import remat_opt
 from remat_opt import peak_bytes
-from remat_opt._measure import memory_of
+from remat_opt._measure import gradient_flops, memory_of
 from remat_opt._static import StaticLeaf, combine, split
 
 FAST = remat_opt.SolverOptions(time_limit_s=10.0, deterministic_time_limit=1.0, num_workers=2)
@@ -161,7 +162,14 @@ def test_array_leaf_jax_cannot_trace_raises_naming_the_path():
 # --- Flax Linen ------------------------------------------------------------------------
 
 
-def flax_gpt(scan: bool):
+def flax_gpt(scan: bool, checkpoint: Callable[..., bool] | None = None, groups: int = 1):
+    """The Flax GPT; with ``scan``, optionally as a user checkpoints it by hand.
+
+    ``checkpoint`` (a ``jax.checkpoint`` policy) puts ``nn.remat`` around the
+    scanned block; ``groups > 1`` runs the layers through ``nn.remat_scan`` in
+    ``groups`` checkpointed groups (the block parameters then carry a
+    ``(groups, LAYERS // groups)`` leading shape: :func:`flax_grouped`).
+    """
     nn = pytest.importorskip("flax.linen")
 
     class Block(nn.Module):
@@ -181,10 +189,13 @@ def flax_gpt(scan: bool):
         def __call__(self, tokens):
             embed = nn.Embed(VOCAB, D_MODEL)
             x = embed(tokens) + self.param("pos", nn.initializers.normal(0.02), (SEQ, D_MODEL))
-            if scan:
-                layers = nn.scan(ScanBlock, variable_axes={"params": 0}, split_rngs={"params": True},
-                                 length=LAYERS)
-                x, _ = layers()(x, None)
+            if scan and groups > 1:
+                block = Block if checkpoint is None else nn.remat(Block, policy=checkpoint)
+                x = nn.remat_scan(block, lengths=(groups, LAYERS // groups))(name="blocks")(x)
+            elif scan:
+                body = ScanBlock if checkpoint is None else nn.remat(ScanBlock, policy=checkpoint)
+                layers = nn.scan(body, variable_axes={"params": 0}, split_rngs={"params": True}, length=LAYERS)
+                x, _ = layers(name="blocks")(x, None)
             else:
                 for _ in range(LAYERS):
                     x = Block()(x)
@@ -192,6 +203,18 @@ def flax_gpt(scan: bool):
             return embed.attend(x) if scan else nn.Dense(VOCAB, use_bias=False)(x)
 
     return GPT()
+
+
+def flax_grouped(params: dict, groups: int) -> dict:
+    """The scan GPT's parameters in the layout of ``flax_gpt(scan=True, groups=groups)``."""
+    blocks = jax.tree.map(lambda a: a.reshape(groups, -1, *a.shape[1:]), params["blocks"]["Block_0"])
+    return {**params, "blocks": blocks}
+
+
+def flax_ungrouped(params: dict) -> dict:
+    """The inverse of :func:`flax_grouped` (for parameters or their gradients)."""
+    blocks = jax.tree.map(lambda a: a.reshape(-1, *a.shape[2:]), params["blocks"])
+    return {**params, "blocks": {"Block_0": blocks}}
 
 
 @pytest.fixture(scope="module", params=["scan", "loop"])
@@ -226,7 +249,14 @@ def test_flax_linen_gpt(flax_case, frac):
 # --- Equinox ---------------------------------------------------------------------------
 
 
-def eqx_gpt():
+def eqx_gpt(checkpoint: Callable[..., bool] | None = None, groups: int = 1):
+    """The Equinox GPT; optionally as a user checkpoints it by hand.
+
+    ``checkpoint`` (a ``jax.checkpoint`` policy) puts ``eqx.filter_checkpoint``
+    around the scan body; ``groups > 1`` nests the scan in ``groups``
+    ``eqx.filter_checkpoint``-ed scans of ``LAYERS // groups`` layers. The
+    arrays are the same for every choice (one key).
+    """
     eqx = pytest.importorskip("equinox")
 
     class Block(eqx.Module):
@@ -268,7 +298,17 @@ def eqx_gpt():
             def layer(x, params):
                 return eqx.combine(params, static)(x), None
 
-            x, _ = lax.scan(layer, x, dynamic)
+            if checkpoint is not None:
+                layer = eqx.filter_checkpoint(layer, policy=checkpoint)
+            if groups == 1:
+                x, _ = lax.scan(layer, x, dynamic)
+            else:
+                @eqx.filter_checkpoint
+                def group(x, params):
+                    return lax.scan(layer, x, params)
+
+                grouped = jax.tree.map(lambda a: a.reshape(groups, -1, *a.shape[1:]), dynamic)
+                x, _ = lax.scan(group, x, grouped)
             return jax.vmap(self.head)(jax.vmap(self.ln_f)(x))
 
     return eqx, GPT(jax.random.PRNGKey(0))
@@ -312,3 +352,44 @@ def test_equinox_gpt(eqx_case, frac):
     overhead = memory_of(reference.compiled) - plain
     assert memory_of(compiled.compiled) == plan.measured_peak_bytes + overhead
     assert_tree_close(compiled(model, x, y), reference(model, x, y))
+
+
+# --- Against the checkpoints users write with each library --------------------------------
+
+
+@pytest.mark.parametrize("library", ["flax", "equinox"])
+def test_no_more_recompute_than_the_library_checkpoint_at_its_peak(library):
+    # The user's own checkpoint on the scanned block, saving nothing (Flax: nn.scan of
+    # nn.remat(block); Equinox: eqx.filter_checkpoint on the scan body). Asked for that
+    # alternative's XLA peak, remat_opt fits it with no more recomputed FLOPs.
+    policy = jax.checkpoint_policies.nothing_saveable
+    x, y = tokens()
+    if library == "flax":
+        params = flax_gpt(scan=True).init(jax.random.PRNGKey(0), x)["params"]
+
+        def step_of(model):
+            def loss(params, batch):
+                return cross_entropy(model.apply({"params": params}, batch[0]), batch[1])
+
+            return loss, (params, (x, y))
+
+        loss, args = step_of(flax_gpt(scan=True))
+        alt_loss, alt_args = step_of(flax_gpt(scan=True, checkpoint=policy))
+        grad = lambda f: jax.jit(jax.grad(f))
+    else:
+        eqx, model = eqx_gpt()
+        loss = alt_loss = eqx_loss
+        args, alt_args = (model, x, y), (eqx_gpt(checkpoint=policy)[1], x, y)
+        grad = lambda f: eqx.filter_jit(eqx.filter_grad(f))
+    plain_flops = gradient_flops(loss, args, {}, 0)
+    alt_peak = peak_bytes(alt_loss, *alt_args)
+    alt_recompute = gradient_flops(alt_loss, alt_args, {}, 0) - plain_flops
+    assert 0 < alt_recompute and alt_peak < peak_bytes(loss, *args)
+    # The alternative is what it claims: the plain step's gradients (the same arrays).
+    assert_tree_close(jax.tree.leaves(grad(alt_loss)(*alt_args)), jax.tree.leaves(grad(loss)(*args)))
+
+    # The scan kept whole (no unrolled schedule, whose solve and compiles the library tests
+    # above already run): the loop plans must match the user's checkpoint on their own.
+    plan = remat_opt.optimize(loss, alt_peak, solver_options=FAST, max_attempts=1, unroll_scans=0).plan(*args)
+    assert plan.measured_peak_bytes <= alt_peak, str(plan)
+    assert plan.measured_recompute_flops <= alt_recompute, (str(plan), alt_recompute)
