@@ -65,6 +65,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ._graph import ProgramGraph, aval_bytes
@@ -225,14 +226,26 @@ def gradient_slots(graph: ProgramGraph) -> tuple[tuple[int, int], ...]:
     return tuple(sorted(slots))
 
 
-def slot_candidates(graph: ProgramGraph, slots: tuple[tuple[int, int], ...]) -> dict[int, int]:
-    """Buffers that may sit in a gradient slot when stored across a cut, with
-    their positions: those for which a slot of their size is free before they
-    are computed (see :func:`slot_credit`)."""
+def slot_reads(slots: tuple[tuple[int, int], ...]) -> dict[int, list[int]]:
+    """The slots' last-reader positions by slot size, in increasing order."""
+    reads: dict[int, list[int]] = {}
+    for size, last in sorted(slots):
+        reads.setdefault(size, []).append(last)
+    return reads
+
+
+def slot_candidates(
+    graph: ProgramGraph, slots: tuple[tuple[int, int], ...], buffers: Iterable[int] | None = None
+) -> dict[int, int]:
+    """Buffers (of ``buffers``, all by default) that may sit in a gradient slot
+    when stored across a cut, with their positions: those for which a slot of
+    their size is free before they are computed (see :func:`slot_credit`)."""
+    reads = slot_reads(slots)
     out = {}
-    for b in sorted(set(graph.buffer) - {-1}):
+    for b in sorted((set(graph.buffer) if buffers is None else set(buffers)) - {-1}):
         position = graph.position_of(b)
-        if any(size == graph.node_bytes[b] and last < position for size, last in slots):
+        first_free = reads.get(graph.node_bytes[b])
+        if first_free and first_free[0] < position:
             out[b] = position
     return out
 
@@ -256,11 +269,8 @@ def slot_credit(items: list[tuple[int, int]], slots: tuple[tuple[int, int], ...]
     temporaries first (its first-fit runs in program order), so
     :func:`simulate` credits nothing there.
     """
-    lasts: dict[int, list[int]] = {}
-    for size, last in slots:
-        lasts.setdefault(size, []).append(last)
     credit = 0
-    for size, reads in lasts.items():
+    for size, reads in slot_reads(slots).items():
         matched = 0
         for position in sorted(p for z, p in items if z == size):
             if matched < bisect.bisect_left(reads, position):
@@ -466,7 +476,7 @@ def simulate(graph: ProgramGraph, schedule: Schedule) -> Simulation:
     slots = gradient_slots(graph) if not schedule.saved else ()
     crossing = {graph.buffer[v] for v, level, first, _ in copies if level == 0 and first > node_seg[v]}
     crossing -= {graph.buffer[v] for v, level, _, _ in copies if level > 0}
-    items = {b: (graph.node_bytes[b], p) for b, p in slot_candidates(graph, slots).items() if b in crossing}
+    items = {b: (graph.node_bytes[b], p) for b, p in slot_candidates(graph, slots, crossing).items()}
     in_slots = [slot_credit([items[b] for b in live if b in items], slots) for live in live_buffers]
     peaks = [
         base + sum(graph.node_bytes[b] for b in live_buffers[j]) - in_slots[j] + rematerialized[j]

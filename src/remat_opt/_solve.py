@@ -48,6 +48,7 @@ from ._memory import (
     remat_bytes,
     simulate,
     slot_candidates,
+    slot_reads,
     tail_extra_bytes,
     transient_bytes,
 )
@@ -244,8 +245,9 @@ class _Encoding:
             self.tmax.append(tmax)
 
         # Gradient slots, and the buffers that may sit in them (_memory.slot_credit).
-        self.slots = gradient_slots(g)
-        self.slot_candidates = slot_candidates(g, self.slots)
+        slots = gradient_slots(g)
+        self.slot_candidates = slot_candidates(g, slots)
+        self.slot_reads = slot_reads(slots)
 
         # Segment-end peaks: at e = c - 1 for each candidate c, and at the end.
         self.ends: list[tuple[int, cp_model.LinearExpr, list]] = []
@@ -363,7 +365,7 @@ class _Encoding:
                 items.setdefault(g.node_bytes[b], []).append((position, y))
         credit = 0
         for size, listed in items.items():
-            reads = sorted(last for z, last in self.slots if z == size)
+            reads = self.slot_reads[size]
             listed.sort(key=lambda item: item[0])
             for k, (position, _) in enumerate(listed):
                 if k + 1 == len(listed) or listed[k + 1][0] != position:
