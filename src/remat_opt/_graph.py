@@ -33,6 +33,7 @@ from jax._src.interpreters import partial_eval as pe
 from ._cost import CostModel, FlopCostModel
 from ._fusion import fused_residuals, fused_sources, reduced_residuals, transposed_layouts
 from ._names import eqn_index_of, eval_program
+from ._inner import with_inner_bytes
 from ._precision import upcast_dtypes, upcasting_evaluator
 from ._trace import TracedProgram
 
@@ -113,6 +114,9 @@ class ProgramGraph:
             stores for code that runs as written (the last segment, or the
             whole plain program); 1 until calibrated against XLA
             (:func:`remat_opt._memory.calibrate`).
+        inner_bytes: per unit, bytes its own backward holds beyond its stored
+            residuals: a scan whose body rematerializes reruns it per
+            iteration (:mod:`remat_opt._inner`); empty when no unit does.
     """
 
     traced: TracedProgram
@@ -136,6 +140,7 @@ class ProgramGraph:
     transposed: tuple[bool, ...] = ()
     held: tuple[bool, ...] = ()
     plain_storage_scale: float = 1.0
+    inner_bytes: tuple[int, ...] = ()
 
     @property
     def num_nodes(self) -> int:
@@ -329,7 +334,7 @@ def build_graph(traced: TracedProgram, cost_model: CostModel | None = None) -> P
         input_readers=tuple(tuple(sorted(r)) for r in input_readers),
         transposed=transposed_layouts(units, node_unit, shapes),
     )
-    return dataclasses.replace(graph, primal=primal_units(graph))
+    return with_inner_bytes(dataclasses.replace(graph, primal=primal_units(graph)))
 
 
 def input_labels(traced: TracedProgram) -> tuple[str, ...]:

@@ -130,7 +130,9 @@ SCALING_PRIMITIVES = frozenset({"mul", "div"})
 
 def transient_bytes(graph: ProgramGraph, unit: int, recomputed: bool = False) -> int:
     """In-flight bytes while one unit is transposed: its largest output (XLA:CPU
-    writes most cotangents in place of a dead operand, so one, not two).
+    writes most cotangents in place of a dead operand, so one, not two), plus,
+    for a scan whose body rematerializes, what one iteration's rerun holds
+    (:attr:`ProgramGraph.inner_bytes`, from :mod:`remat_opt._inner`).
 
     Two for a recomputed product or quotient by a smaller, broadcast operand
     (``recomputed``, in schedules that save no names): the incoming cotangent
@@ -146,6 +148,8 @@ def transient_bytes(graph: ProgramGraph, unit: int, recomputed: bool = False) ->
     """
     u = graph.units[unit]
     out = max((graph.node_bytes[v] for v in u.outputs), default=0)
+    if graph.inner_bytes:
+        out += graph.inner_bytes[unit]
     if recomputed and u.primitive in SCALING_PRIMITIVES and any(0 < graph.node_bytes[v] < out for v in u.inputs):
         return 2 * out
     return out
