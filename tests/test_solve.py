@@ -8,7 +8,7 @@ import pytest
 
 from remat_opt import InfeasibleBudgetError, Schedule
 from remat_opt._graph import build_graph
-from remat_opt._memory import gradient_slots, simulate, slot_credit
+from remat_opt._memory import gradient_slots, segment_slots, simulate, slot_credit
 from remat_opt._solve import SolverOptions, cut_candidates, min_peak_schedule, save_candidates, solve
 from remat_opt._trace import trace
 
@@ -73,15 +73,16 @@ def test_solver_optimum_equals_brute_force(name, scale):
     fn, ws, x = PROGRAMS[name]
     graph = dataclasses.replace(_graph(fn, ws, x), plain_storage_scale=scale)  # as calibrated on XLA
     assert graph.num_positions <= 12
-    sims = [simulate(graph, s) for s in _all_schedules(graph)]
+    sims = [simulate(graph, s, planning=True) for s in _all_schedules(graph)]
     peaks = sorted({s.peak_bytes for s in sims})
     assert len(peaks) > 2, "the search space should offer several trade-offs"
     for budget in peaks[:: max(1, len(peaks) // 6)] + [peaks[-1]]:
         best = min(s.recompute_flops for s in sims if s.peak_bytes <= budget)
         solution = solve(graph, budget)
-        checked = simulate(graph, solution.schedule)
+        checked = simulate(graph, solution.schedule, planning=True)
         assert solution.status == "OPTIMAL"
         assert checked.peak_bytes <= budget
+        assert simulate(graph, solution.schedule).peak_bytes <= checked.peak_bytes  # the prediction
         assert checked.recompute_flops == solution.objective_flops == best
 
 
@@ -89,14 +90,14 @@ def test_solver_optimum_equals_brute_force(name, scale):
 def test_min_peak_equals_brute_force(name):
     fn, ws, x = PROGRAMS[name]
     graph = _graph(fn, ws, x)
-    lowest = min(simulate(graph, s).peak_bytes for s in _all_schedules(graph))
-    assert simulate(graph, min_peak_schedule(graph)).peak_bytes == lowest
+    lowest = min(simulate(graph, s, planning=True).peak_bytes for s in _all_schedules(graph))
+    assert simulate(graph, min_peak_schedule(graph), planning=True).peak_bytes == lowest
 
 
 def test_infeasible_budget_reports_reachable_minimum():
     fn, ws, x = PROGRAMS["chain"]
     graph = _graph(fn, ws, x)
-    lowest = simulate(graph, min_peak_schedule(graph)).peak_bytes
+    lowest = simulate(graph, min_peak_schedule(graph), planning=True).peak_bytes
     with pytest.raises(InfeasibleBudgetError) as info:
         solve(graph, lowest - 1)
     assert info.value.min_budget_bytes == lowest
@@ -133,3 +134,21 @@ def test_stored_values_fill_free_gradient_slots():
         schedule = Schedule(frozenset({cut}))
         credits.append(simulate(without, schedule).peak_bytes - simulate(graph, schedule).peak_bytes)
     assert max(credits) == 1024 and min(credits) == 0
+
+
+def test_schedules_that_save_names_free_a_slot_from_the_next_segment():
+    """Each slot's position moves to the end of its reader's segment, in the
+    prediction; the planning model (CP-SAT's) credits no slot there."""
+    slots = ((1024, 3), (1024, 7), (512, 1))
+    moved = segment_slots(slots, {5, 9}, 12)
+    assert moved == ((512, 4), (1024, 4), (1024, 8))
+    assert slot_credit([(1024, 4)], slots) == 1024 and slot_credit([(1024, 4)], moved) == 0  # same segment
+    assert slot_credit([(1024, 5)], moved) == 1024  # the next segment
+    assert segment_slots(slots, set(), 12) == ((512, 11), (1024, 11), (1024, 11))  # one segment: none free
+    fn, ws, x = PROGRAMS["chain_slots"]
+    graph = _graph(fn, ws, x)
+    without = dataclasses.replace(graph, input_readers=tuple(() for _ in graph.input_readers))  # no slots
+    credit = lambda s: simulate(without, s).peak_bytes - simulate(graph, s).peak_bytes  # noqa: E731
+    named = [s for s in _all_schedules(graph) if s.saved and s.cuts]
+    assert max(credit(s) for s in named) > 0 and min(credit(s) for s in named) == 0
+    assert all(simulate(without, s).peak_bytes == simulate(graph, s, planning=True).peak_bytes for s in named)

@@ -1,8 +1,8 @@
 """Stage 4 — solve: where the segments fall and what is saved, with CP-SAT.
 
-The model encodes :func:`remat_opt._memory.simulate` linearly (read that
-module first; the tests hold the two equal, and equal to brute force on small
-graphs):
+The model encodes :func:`remat_opt._memory.simulate` with ``planning=True``
+linearly (read that module first; the tests hold the two equal, and equal to
+brute force on small graphs):
 
 * ``cut[c]``: a segment starts at candidate position ``c``.
 * ``save[v]``: name node ``v`` is saved by the forward.
@@ -199,7 +199,8 @@ class _Encoding:
             for w in u.inputs:
                 m.Add(self.rc[g.node_unit[w]] + sum(available(w)) >= self.rc[u.index])
 
-        # Schedules that save a name lose two of the model's terms (_memory.simulate).
+        # Schedules that save a name lose two of the planning model's terms
+        # (_memory.simulate with planning=True).
         self.any_saved = None
         if self.save:
             self.any_saved = m.NewBoolVar("any_saved")
@@ -416,7 +417,7 @@ def min_peak_schedule(graph: ProgramGraph, options: SolverOptions = SolverOption
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return best_start
     found = enc.schedule(solver)
-    return min((found, best_start), key=lambda s: simulate(graph, s).peak_bytes)
+    return min((found, best_start), key=lambda s: simulate(graph, s, planning=True).peak_bytes)
 
 
 def low_memory_schedules(graph: ProgramGraph, lowest: Schedule, count: int) -> list[Schedule]:
@@ -460,7 +461,8 @@ def solve(graph: ProgramGraph, budget_bytes: int, options: SolverOptions = Solve
         lowest = min_peak_schedule(graph, options)
         detail = "" if status == cp_model.INFEASIBLE else (
             f"CP-SAT stopped with {solver.StatusName(status)} before finding a schedule.")
-        raise InfeasibleBudgetError(budget_bytes, simulate(graph, lowest).peak_bytes, detail, schedule=lowest)
+        raise InfeasibleBudgetError(budget_bytes, simulate(graph, lowest, planning=True).peak_bytes, detail,
+                                    schedule=lowest)
     bound = max(0.0, float(solver.BestObjectiveBound()))
     if found is None or (
         incumbent is not None
