@@ -74,3 +74,14 @@ def test_deep_chain_quick(tmp_path):
     assert "every budget met; at each baseline's peak remat_opt recomputes no more" in out
     strategies = {r["strategy"] for r in _rows(tmp_path / "deep_chain.csv")}
     assert strategies == {"chen_sqrt_n", "chen_greedy", "revolve", "remat_opt"}
+
+
+def test_loop_fidelity_quick(tmp_path):
+    out = _run("loop_fidelity.py", "--quick", "--out", str(tmp_path))
+    assert "reproduce: python" in out
+    rows = _rows(tmp_path / "loop_fidelity.csv")
+    assert len(rows) == 8  # 2 groups (4 layers) x 5 bodies, less the program as written twice
+    for r in rows:
+        assert int(r["measured_peak_bytes"]) > 0 and int(r["predicted_peak_bytes"]) > 0
+    # Charging a rematerializing body's rerun brings the worst plan closer to XLA.
+    assert max(abs(float(r["error"])) for r in rows) < max(abs(float(r["error_without_rerun"])) for r in rows)
