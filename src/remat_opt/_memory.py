@@ -47,7 +47,7 @@ are scaled by a factor fitted to XLA's peak for the plain program
 Known gaps, measured in XLA's buffer assignment (jax 0.10.2, XLA:CPU) and
 not modelled yet: which stored values XLA's first-fit lays over gradient
 slots in schedules that save names is approximated (:func:`segment_slots`:
-within 5.2% on seven CP-SAT plans of the GPT); a cut just before an
+within 5.2% on seven CP-SAT plans of the GPT, up to +13% on others); a cut just before an
 elementwise op whose input then crosses costs one activation more than
 modelled.
 
@@ -267,7 +267,9 @@ def segment_slots(
     before a boundary stored there. Crediting no slot in such schedules
     over-predicted seven plans on the demo and seq-512 GPTs by up to 10.7%;
     crediting them from the reader's position on, under-predicted by up to
-    6.2%; from the next segment on, all seven fall within 5.2%. The
+    6.2%; from the next segment on, all seven fall within 5.2%. Still
+    approximate: the demo's own plans at 0.6, 0.4 and 0.3 of the plain peak
+    are over-predicted by 5.4%, 7.8% and 13.2% (XLA slots more there). The
     prediction only: CP-SAT plans without it (``simulate(planning=True)``).
     """
     ends = sorted(c - 1 for c in cuts if 0 < c < num_positions) + [num_positions - 1]
