@@ -112,10 +112,10 @@ def run_model(name: str, config, budgets: int, policies, options, timed: bool) -
     at_baselines = {r["measured_peak_bytes"] for r in rows if r["measured_peak_bytes"] < plain}
     for budget in sorted(set(sweep) | at_baselines):
         kind = "sweep" if budget in sweep else "at_baseline"
-        if budget < lowest:  # below what remat_opt confirmed on XLA: recorded as a loss, not solved again
-            rows.append({"model": name, "strategy": "remat_opt", "kind": kind, "budget_bytes": budget,
-                         "error": "InfeasibleBudgetError"})
-            continue
+        # Solved even below ``lowest``: that minimum is what XLA measured for the
+        # schedules the model ranks lowest, and at a given budget optimize also
+        # measures those the model puts near it (ResNet: Chen greedy's peak is 88
+        # bytes under it, and optimize fits it there).
         step = remat_opt.optimize(spec.loss, budget, solver_options=options)
         try:
             plan = step.plan(params, batch)
