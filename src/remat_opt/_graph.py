@@ -32,8 +32,8 @@ from jax._src.interpreters import partial_eval as pe
 
 from ._cost import CostModel, FlopCostModel
 from ._fusion import fused_residuals, fused_sources, reduced_residuals, transposed_layouts
-from ._names import eqn_index_of, eval_program
 from ._inner import with_inner_bytes
+from ._names import eqn_index_of, eval_program
 from ._precision import upcast_dtypes, upcasting_evaluator
 from ._trace import TracedProgram
 

@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 from jax._src import core
 
+from ._errors import UnsupportedProgramError
 from ._trace import _CHECKPOINT_PRIMITIVES, trace
 
 if TYPE_CHECKING:
@@ -97,7 +98,8 @@ def iteration_backward_bytes(eqn: core.JaxprEqn, tangent_in: list[bool]) -> int:
 def with_inner_bytes(graph: ProgramGraph) -> ProgramGraph:
     """``graph`` with :attr:`ProgramGraph.inner_bytes` set: per scan unit whose
     body rematerializes, what one iteration's backward holds beyond the bytes
-    the scan stores per iteration (its stacked residuals over its length)."""
+    the scan stores per iteration (its stacked residuals over its length).
+    A body the model cannot trace on its own is not charged."""
     eqns = graph.traced.jaxpr.jaxpr.eqns
     inner = [0] * len(graph.units)
     for u in graph.units:
@@ -106,5 +108,9 @@ def with_inner_bytes(graph: ProgramGraph) -> ProgramGraph:
             continue
         tangent_in = [isinstance(v, core.Var) and v in graph.traced.tangent_vars for v in eqn.invars]
         stored = sum(graph.node_bytes[v] for v in u.outputs if graph.residual[v]) // max(1, eqn.params["length"])
-        inner[u.index] = max(0, iteration_backward_bytes(eqn, tangent_in) - stored)
+        try:
+            held = iteration_backward_bytes(eqn, tangent_in)
+        except UnsupportedProgramError:
+            continue  # a body the model cannot trace on its own: its rerun is not charged (as before)
+        inner[u.index] = max(0, held - stored)
     return dataclasses.replace(graph, inner_bytes=tuple(inner)) if any(inner) else graph

@@ -379,8 +379,8 @@ def simulate(graph: ProgramGraph, schedule: Schedule, *, planning: bool = False)
     (:func:`segment_slots`) is approximate, and as a constraint it steered
     CP-SAT to plans XLA measured 1-9% over their prediction (demo GPT at
     0.6, 0.5, 0.4 and 0.3 of its plain peak): an optimizer seeks out where
-    a model errs low. Planned without it, the same four budgets' plans are
-    predicted within 5.2% (see :func:`segment_slots`).
+    a model errs low. Planned without it, plans are over-predicted rather
+    than under (see :func:`segment_slots` for the figures).
 
     Nesting (``schedule.nested``) is simulated on the segments of every level
     at once: each backward step runs on one of them. A value crossing a cut is
