@@ -8,7 +8,8 @@ import pytest
 
 from remat_opt import InfeasibleBudgetError, Schedule
 from remat_opt._graph import build_graph
-from remat_opt._memory import gradient_slots, segment_slots, simulate, slot_credit
+from remat_opt._memory import simulate
+from remat_opt._slots import gradient_slots, segment_slots, slot_credit
 from remat_opt._solve import SolverOptions, cut_candidates, min_peak_schedule, save_candidates, solve
 from remat_opt._trace import trace
 
@@ -53,7 +54,7 @@ PROGRAMS = {
     "transpose": (tiny_transpose, [jnp.full((8, 8), 0.1) for _ in range(2)], jnp.ones((16, 8))),
     "output": (tiny_output, [jnp.full((8, 8), 0.1) for _ in range(2)], jnp.ones((16, 8))),
     "softmax": (tiny_softmax, [jnp.full((8, 8), 0.1) for _ in range(2)], jnp.ones((16, 8))),
-    # Activations as large as a weight: stored values fit in gradient slots (_memory.slot_credit).
+    # Activations as large as a weight: stored values fit in gradient slots (_slots.slot_credit).
     "chain_slots": (tiny_chain, [jnp.full((16, 16), 0.1) for _ in range(3)], jnp.ones((16, 16))),
 }
 

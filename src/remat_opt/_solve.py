@@ -41,17 +41,15 @@ from ._graph import ProgramGraph
 from ._memory import (
     Schedule,
     boundary_cotangent_bytes,
-    gradient_slots,
     kept_buffers,
     materialized,
     read_by_backward,
     remat_bytes,
     simulate,
-    slot_candidates,
-    slot_reads,
     tail_extra_bytes,
     transient_bytes,
 )
+from ._slots import gradient_slots, slot_candidates, slot_reads
 
 
 @dataclass(frozen=True)
@@ -245,7 +243,7 @@ class _Encoding:
             self.acc.append(acc)
             self.tmax.append(tmax)
 
-        # Gradient slots, and the buffers that may sit in them (_memory.slot_credit).
+        # Gradient slots, and the buffers that may sit in them (_slots.slot_credit).
         slots = gradient_slots(g)
         self.slot_candidates = slot_candidates(g, slots)
         self.slot_reads = slot_reads(slots)
@@ -346,7 +344,7 @@ class _Encoding:
 
     def _slot_credit(self, e: int, crossing: dict[int, list]) -> cp_model.LinearExpr:
         """Stored bytes laid over free gradient slots at the end position ``e``
-        (:func:`remat_opt._memory.slot_credit`).
+        (:func:`remat_opt._slots.slot_credit`).
 
         ``y`` marks a buffer credited: stored across a cut, in a schedule that
         saves no names.
