@@ -29,33 +29,17 @@ import jax.numpy as jnp
 from jax._src import core
 
 from ._errors import UnsupportedProgramError
-from ._trace import _CHECKPOINT_PRIMITIVES, trace
+from ._trace import _CHECKPOINT_PRIMITIVES, _has_tangent, trace
 
 if TYPE_CHECKING:
     from ._graph import ProgramGraph
 
 
-def _sub_jaxprs(eqn: core.JaxprEqn) -> list[core.Jaxpr]:
-    subs = []
-    for value in eqn.params.values():
-        for v in value if isinstance(value, (tuple, list)) else (value,):
-            if isinstance(v, core.ClosedJaxpr):
-                subs.append(v.jaxpr)
-            elif isinstance(v, core.Jaxpr):
-                subs.append(v)
-    return subs
-
-
 def rematerializes(jaxpr: core.Jaxpr) -> bool:
     """Whether ``jaxpr`` holds a checkpoint, at any depth."""
-    return any(
-        eqn.primitive.name in _CHECKPOINT_PRIMITIVES or any(rematerializes(j) for j in _sub_jaxprs(eqn))
-        for eqn in jaxpr.eqns
+    return any(eqn.primitive.name in _CHECKPOINT_PRIMITIVES for eqn in jaxpr.eqns) or any(
+        rematerializes(j) for j in core.subjaxprs(jaxpr)
     )
-
-
-def _is_float(aval: Any) -> bool:
-    return jnp.issubdtype(getattr(aval, "dtype", jnp.int32), jnp.inexact)
 
 
 def iteration_backward_bytes(eqn: core.JaxprEqn, tangent_in: list[bool]) -> int:
@@ -75,9 +59,9 @@ def iteration_backward_bytes(eqn: core.JaxprEqn, tangent_in: list[bool]) -> int:
     n_consts, n_carry = eqn.params["num_consts"], eqn.params["num_carry"]
     # A carry whose initial value has no tangent gets one from the body when
     # any differentiated value flows into it; a float carry is assumed to.
-    diff = [t or (n_consts <= k < n_consts + n_carry and _is_float(a))
+    diff = [t or (n_consts <= k < n_consts + n_carry and _has_tangent(a))
             for k, (t, a) in enumerate(zip(tangent_in, avals))]
-    floats = [k for k, v in enumerate(body.jaxpr.outvars) if _is_float(v.aval)]
+    floats = [k for k, v in enumerate(body.jaxpr.outvars) if _has_tangent(v.aval)]
 
     def loss(dargs: list, fixed: list, cotangents: list) -> Any:
         it_d, it_f = iter(dargs), iter(fixed)
