@@ -62,9 +62,7 @@ nested ones are simulated here and measured.
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ._graph import ProgramGraph
