@@ -31,7 +31,7 @@ from jax._src import core, source_info_util
 from jax._src.interpreters import partial_eval as pe
 
 from ._cost import CostModel, FlopCostModel
-from ._fusion import fused_residuals, fused_sources, reduced_residuals, transposed_layouts
+from ._fusion import fused_and_held, reduced_residuals, transposed_layouts
 from ._inner import with_inner_bytes
 from ._names import eqn_index_of, eval_program
 from ._precision import upcast_dtypes, upcasting_evaluator
@@ -312,7 +312,7 @@ def build_graph(traced: TracedProgram, cost_model: CostModel | None = None) -> P
         res_var = kj.outvars[len(kj.outvars) - len(res_avals) + v]
         if isinstance(res_var, core.Var) and res_var in node_of and buffer[node_of[res_var]] >= 0:
             reduced[buffer[node_of[res_var]]] = True
-    fused = fused_residuals(units, node_unit, residual, buffer, consumers, reduced)
+    fused, held = fused_and_held(units, node_unit, residual, buffer, consumers, reduced)
     graph = ProgramGraph(
         traced=traced,
         units=tuple(units),
@@ -328,7 +328,7 @@ def build_graph(traced: TracedProgram, cost_model: CostModel | None = None) -> P
         node_shape=tuple(shapes),
         node_dtype=tuple(dtypes),
         fused=fused,
-        held=fused_sources(units, node_unit, residual, buffer, fused),
+        held=held,
         crossing=_crossing_profile(units, node_unit, node_bytes, consumers, len(closed.jaxpr.eqns)),
         input_labels=input_labels(traced),
         input_readers=tuple(tuple(sorted(r)) for r in input_readers),
