@@ -9,11 +9,12 @@ put beside Megatron-style selective recompute (per-layer
 
 The question a user asks: how far down can activation memory go for at most
 10% extra FLOPs? The script answers it by bisection on the budget between the
-XLA-confirmed minimum and the plain peak, keeping the smallest budget whose
-plan recomputes at most ``--max-overhead`` of the plain gradient's FLOPs.
+XLA-confirmed minimum and the plain peak, narrowing onto the smallest budget
+whose plan recomputes at most ``--max-overhead`` of the plain gradient's FLOPs,
+and reports the plan of the sweep with the least measured memory within it.
 
 Usage:
-    python experiments/attention.py [--seq-len 512] [--layers 8] [--max-overhead 0.10]
+    python experiments/attention.py [--seq-len 512] [--layers 8] [--heads 4] [--max-overhead 0.10]
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seq-len", type=int, default=512)
     parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--heads", type=int, default=4,
+                        help="attention heads: more heads, more score bytes for the same FLOPs")
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--max-overhead", type=float, default=0.10)
     parser.add_argument("--steps", type=int, default=5, help="bisection steps on the budget")
@@ -49,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     print(header, flush=True)
 
     spec = MODELS["gpt"]
-    config = GPTConfig(num_layers=args.layers, seq_len=args.seq_len, batch=args.batch)
+    config = GPTConfig(num_layers=args.layers, seq_len=args.seq_len, batch=args.batch, num_heads=args.heads)
     params, batch = spec.init(config, jax.random.PRNGKey(0))
     plain = remat_opt.peak_bytes(spec.loss, params, batch)
     fixed = 2 * nbytes(params) + nbytes(batch)  # parameters, their gradients, the batch
@@ -83,10 +86,15 @@ def main(argv: list[str] | None = None) -> int:
         rows.append({"strategy": "remat_opt", "budget_bytes": budget, "measured_peak_bytes": plan.measured_peak_bytes,
                      "activation_MiB": activations(plan.measured_peak_bytes), "overhead": overhead})
         if overhead <= args.max_overhead:
-            hi, best = budget, rows[-1]
+            hi = budget
+            # The least measured memory within the overhead: a looser budget's
+            # plan can measure lower than a tighter one's (both are XLA's figures).
+            if best is None or plan.measured_peak_bytes < best["measured_peak_bytes"]:
+                best = rows[-1]
         else:
             lo = budget
-    write_csv(args.out / "attention.csv", rows, header)
+    name = "attention" if args.heads == 4 else f"attention_heads{args.heads}"
+    write_csv(args.out / f"{name}.csv", rows, f"{header}\n{config}")
     plain_act = activations(plain)
     print("\n| strategy | peak MiB | activation MiB | vs no remat | extra FLOPs |")
     print("|---|---:|---:|---:|---:|")
