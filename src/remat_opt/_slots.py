@@ -2,9 +2,11 @@
 
 XLA counts every gradient's output buffer from the start of the step, but
 writes it only in the backward of the segment that holds its input's last
-reader; until then it lays stored values of the same size over it. The
-memory model (:func:`remat_opt._memory.simulate`) credits those bytes, and
-CP-SAT (:mod:`remat_opt._solve`) encodes the same matching.
+reader; until then it lays other values of the same size over it. The
+memory model (:func:`remat_opt._memory.simulate`) credits those bytes: for
+values stored across cuts, a matching CP-SAT (:mod:`remat_opt._solve`)
+encodes too; in schedules that save names, and for a fenced segment's
+rematerialized buffers, refinements of the prediction only.
 """
 
 from __future__ import annotations
