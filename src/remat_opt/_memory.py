@@ -183,7 +183,12 @@ def remat_bytes(graph: ProgramGraph, unit: int, kept: frozenset[int]) -> int:
     one); aliases of it (``name``, reshapes) write none. The buffer counts when
     any value laid over it is materialized (``kept``, from :func:`kept_buffers`).
     """
-    return sum(graph.node_bytes[v] for v in graph.units[unit].outputs if graph.buffer[v] == v and v in kept)
+    return sum(remat_buffer_sizes(graph, unit, kept))
+
+
+def remat_buffer_sizes(graph: ProgramGraph, unit: int, kept: frozenset[int]) -> list[int]:
+    """The sizes of the buffers a recomputed unit writes (see :func:`remat_bytes`)."""
+    return [graph.node_bytes[v] for v in graph.units[unit].outputs if graph.buffer[v] == v and v in kept]
 
 
 def relayout_bytes(
@@ -401,11 +406,8 @@ def simulate(graph: ProgramGraph, schedule: Schedule, *, planning: bool = False)
         j = seg_of[u.position]
         transient[j] = max(transient[j], transient_bytes(graph, u.index, u.index in recomputed and not schedule.saved))
     base = graph.input_bytes + graph.output_bytes
-    seg_start, seg_end = [0] * num_segments, [0] * num_segments
-    for p, j in reversed(list(enumerate(seg_of))):
-        seg_start[j] = p
-    for p, j in enumerate(seg_of):
-        seg_end[j] = p
+    seg_start = [0, *sorted(c for c in schedule.all_cuts() if 0 < c < graph.num_positions)]
+    seg_end = [*(c - 1 for c in seg_start[1:]), max(0, graph.num_positions - 1)]
     # A nested segment whose backward runs inside another nested segment's
     # backward (a conditional within a conditional) keeps the cotangents it was
     # called with live until it returns (measured on the zoo MLP's three-level
@@ -423,7 +425,8 @@ def simulate(graph: ProgramGraph, schedule: Schedule, *, planning: bool = False)
     crossing = {graph.buffer[v] for v, level, first, _ in copies if level == 0 and first > node_seg[v]}
     crossing -= {graph.buffer[v] for v, level, _, _ in copies if level > 0}
     items = {b: (graph.node_bytes[b], p) for b, p in slot_candidates(graph, slots, crossing).items()}
-    in_slots = [slot_credit([items[b] for b in live if b in items], slots) for live in live_buffers]
+    stored_in_slots = [[items[b] for b in live if b in items] for live in live_buffers]
+    in_slots = [slot_credit(stored, slots) for stored in stored_in_slots]
     if not planning:  # a fenced segment's rematerialized buffers take the slots left free
         # Not the float32 upcasts of parameters (mixed precision): crediting them
         # under-predicted the bf16 MLP of tests/test_mixed_precision.py by 6%.
@@ -435,12 +438,9 @@ def simulate(graph: ProgramGraph, schedule: Schedule, *, planning: bool = False)
         for u in recomputed:
             if units[u].primitive == "convert_element_type" and all(from_inputs[v] for v in units[u].outputs):
                 continue
-            remat_sizes[seg_of[units[u].position]] += [
-                graph.node_bytes[v] for v in units[u].outputs
-                if graph.buffer[v] == v and v in kept]
+            remat_sizes[seg_of[units[u].position]] += remat_buffer_sizes(graph, u, kept)
         for j in set(range(num_segments)) - as_written:
-            stored = [items[b] for b in live_buffers[j] if b in items]
-            in_slots[j] += rematerialized_credit(remat_sizes[j], slots, seg_start[j], stored)
+            in_slots[j] += rematerialized_credit(remat_sizes[j], slots, seg_start[j], stored_in_slots[j])
     peaks = [
         base + sum(graph.node_bytes[b] for b in live_buffers[j]) - in_slots[j] + rematerialized[j]
         + relayout_bytes(graph, schedule, seg_of, j, j in as_written) + transient[j]
