@@ -16,16 +16,15 @@ from remat_opt._measure import gradient_flops, memory_of
 from remat_opt._memory import calibrate, simulate
 from remat_opt._optimize import apply_schedule
 from remat_opt._trace import trace
-from remat_opt.zoo import MODELS, GPTConfig
+from remat_opt.zoo import MODELS, GPTConfig, UNetConfig
 
 CONFIG = GPTConfig(num_layers=2, d_model=32, num_heads=2, seq_len=32, batch=2, vocab=64)
 BUDGET = 1 << 30
 POLICIES_TESTED = ("nothing_saveable", "dots_with_no_batch_dims_saveable")
 # Chen's plans run through the fenced rewriter, so the model should describe
-# them. Measured here: the model is conservative by up to 17% on this model (Chen
-# sqrt(n), 15 segments; 18-28% on the default 8-layer GPT): XLA places stored
-# boundary values in gradient buffers not yet written, which the model does not
-# credit (see _memory). Under-prediction, the dangerous direction, is held tighter.
+# them. The bounds are loose for a model this small (a few KiB of activations
+# against XLA's per-buffer overheads); under-prediction, the dangerous
+# direction, is held tighter.
 CHEN_OVER_PREDICTION = 0.20
 CHEN_UNDER_PREDICTION = 0.05
 # Revolve's trees nest checkpoints three levels deep; on this GPT the model's
@@ -206,3 +205,18 @@ def test_argument_errors(gpt):
         remat_opt.no_remat(loss, params, batch, budget_bytes=-1)
     with pytest.raises(ValueError, match="num_segments"):
         remat_opt.chen_sqrt_n(loss, params, batch, budget_bytes=BUDGET, num_segments=0)
+
+
+def test_stored_activations_smaller_than_a_weight_sit_in_its_gradient_buffer():
+    """U-Net activations are smaller than its convolution weights; XLA lays them
+    over the unwritten gradient buffers all the same (_slots.assign_stored_buffers).
+    Measured: Chen's plan predicted +3.8% (+12.0% by the same-size rule CP-SAT plans with)."""
+    spec = MODELS["unet"]
+    params, batch = spec.init(UNetConfig(length=32, in_channels=2, out_channels=1, widths=(8, 16, 32), batch=4),
+                              jax.random.PRNGKey(0))
+    plan = remat_opt.chen_sqrt_n(spec.loss, params, batch, budget_bytes=BUDGET)
+    assert plan.num_segments > 2
+    error = plan.predicted_peak_bytes / plan.measured_peak_bytes - 1
+    assert abs(error) <= 0.05, str(plan)
+    graph = calibrate(build_graph(trace(spec.loss, (params, batch), {}, (0,))), peak_bytes(spec.loss, params, batch))
+    assert simulate(graph, plan.schedule, planning=True).peak_bytes > 1.08 * plan.measured_peak_bytes

@@ -9,7 +9,7 @@ import pytest
 from remat_opt import InfeasibleBudgetError, Schedule
 from remat_opt._graph import build_graph
 from remat_opt._memory import simulate
-from remat_opt._slots import gradient_slots, segment_slots, slot_credit
+from remat_opt._slots import StoredBuffer, assign_stored_buffers, best_fit_credit, gradient_slots, segment_slots, slot_credit
 from remat_opt._solve import SolverOptions, cut_candidates, min_peak_schedule, save_candidates, solve
 from remat_opt._trace import trace
 
@@ -121,6 +121,29 @@ def test_slot_credit_matches_nested_slots():
     assert slot_credit([(1024, 5), (1024, 6)], slots) == 1024  # one slot free before position 5
     assert slot_credit([(1024, 5), (1024, 9)], slots) == 2048
     assert slot_credit([(1024, 2), (512, 4), (2048, 9)], slots) == 512  # too early; fits; no slot that size
+
+
+def test_stored_buffers_take_the_smallest_slot_they_fit_once():
+    """XLA's order: largest buffer first, then program order; each into the
+    smallest slot at least as large, free before it is computed and written
+    only after the buffer's last backward reader; one buffer a slot."""
+    slots = ((512, 1), (1024, 3), (4096, 2))
+    segments = [0, 1, 0]  # the segment of each slot's last reader
+    take = lambda *items: assign_stored_buffers([StoredBuffer(*i) for i in items], slots, segments)  # noqa: E731
+    assert take((7, 512, 5, 2)) == {0: 7}  # its own size
+    assert take((7, 512, 5, 2), (8, 512, 6, 2)) == {0: 7, 1: 8}  # then a larger one
+    assert take((7, 1024, 5, 1)) == {2: 7}  # read last in segment 1: not the slot written there
+    assert take((7, 1024, 5, 2), (8, 4096, 9, 3)) == {1: 7, 2: 8}
+    assert take((7, 2048, 5, 2), (8, 512, 1, 2)) == {2: 7}  # 8 is computed before any slot is free
+    assert take((8, 512, 6, 2), (7, 512, 5, 2), (9, 512, 7, 2)) == {0: 7, 1: 8, 2: 9}  # program order
+
+
+def test_best_fit_credit_lays_the_largest_first():
+    free = ((512, 0), (2048, 0))
+    assert best_fit_credit([512, 2048], free) == 2560
+    assert best_fit_credit([1024, 1024], free) == 1024  # one a slot; 512 is too small
+    assert best_fit_credit([4096], free) == 0
+    assert best_fit_credit([], free) == 0
 
 
 def test_stored_values_fill_free_gradient_slots():

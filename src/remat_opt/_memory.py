@@ -20,13 +20,12 @@ The peak during the backward of segment J is
   + stored values live at J                (saved names of segments <= J, boundary
                                             values whose first reader outside their
                                             own segment is in a segment <= J)
-  - stored values in gradient slots        (boundary values XLA lays over the output
-                                            buffer of a gradient not yet written; in
-                                            schedules that save names, from a segment
-                                            later: :mod:`remat_opt._slots`)
+  - stored values in gradient slots        (values XLA lays over the output buffer,
+                                            as large or larger, of a gradient not yet
+                                            written; in schedules that save names,
+                                            from a segment later: :mod:`remat_opt._slots`)
   + recomputed residuals of J
-  - recomputed residuals in gradient slots (those the stored values leave free;
-                                            prediction only, not CP-SAT's model)
+  - recomputed residuals in gradient slots (those the stored values leave free)
   + relayout copies of J                   (stored values in a transposed layout that
                                             J's backward reads: XLA copies each one
                                             into row-major when the branch starts)
@@ -45,14 +44,25 @@ written is where XLA's fusion strays furthest from the model, so those bytes
 are scaled by a factor fitted to XLA's peak for the plain program
 (:func:`calibrate`, measured by every ``optimize`` call anyway).
 
+CP-SAT plans with a narrower slot credit (``simulate(planning=True)``, which
+:mod:`remat_opt._solve` encodes exactly): only values stored across a cut, in
+slots of their own size, and none in schedules that save names. The
+prediction follows XLA's buffer assigner more closely
+(:func:`remat_opt._slots.assign_stored_buffers`: any stored value, in any
+slot as large; then a fenced segment's rematerialized buffers in the slots
+left free).
+
 Known gaps, measured in XLA's buffer assignment (jax 0.10.2, XLA:CPU) and
-not modelled yet: which values XLA's first-fit lays over gradient slots is
-approximated (stored values: :func:`remat_opt._slots.segment_slots` in
-schedules that save names; a fenced segment's rematerialized buffers:
-:func:`remat_opt._slots.rematerialized_credit`), to within 5% on 79 of 92
-measured schedules of the zoo models, +20% at worst (a GPT at sequence 512
-cut in 8 segments); a cut just before an elementwise op whose input then
-crosses costs one activation more than modelled.
+not modelled yet: XLA's assignment is global and also places temporaries
+the model does not list (weight relayouts, cotangents), so the slot credit
+is approximate: within 5% of XLA's peak on 102 of 107 measured schedules of
+the zoo models (Chen's, Chen's greedy, Revolve and CP-SAT's plans; all of
+CP-SAT's within 3.3%), -5.5% (Revolve on the ResNet) .. +6.3% (Chen's
+greedy on the GPT: XLA writes an MLP's cotangent over a recomputed input
+it no longer needs, where the model adds it on top; charging that
+under-predicted four other schedules by 5-6%); a cut just before an
+elementwise op whose input then crosses costs one activation more than
+modelled.
 
 Nested schedules (:attr:`Schedule.nested`, built by :mod:`remat_opt._nesting`)
 follow the same rules on the segments of every level at once: a nested
@@ -70,7 +80,15 @@ import dataclasses
 from dataclasses import dataclass
 
 from ._graph import ProgramGraph
-from ._slots import gradient_slots, rematerialized_credit, segment_slots, slot_candidates, slot_credit
+from ._slots import (
+    StoredBuffer,
+    assign_stored_buffers,
+    best_fit_credit,
+    gradient_slots,
+    segment_slots,
+    slot_candidates,
+    slot_credit,
+)
 
 
 @dataclass(frozen=True)
@@ -125,9 +143,10 @@ def segment_of_positions(num_positions: int, cuts: frozenset[int]) -> tuple[int,
     return tuple(out)
 
 
-# Products and quotients whose other operand is broadcast (a softmax's or a
-# layer norm's division by a row sum): see :func:`transient_bytes`.
-SCALING_PRIMITIVES = frozenset({"mul", "div"})
+# Quotients by a broadcast operand (a softmax's division by its row sum): see
+# :func:`transient_bytes`. Not products: the same rule for a normalization's
+# product by a broadcast scale over-predicted Revolve on the zoo ResNet by 9%.
+SCALING_PRIMITIVES = frozenset({"div"})
 
 
 def transient_bytes(graph: ProgramGraph, unit: int, recomputed: bool = False) -> int:
@@ -136,15 +155,18 @@ def transient_bytes(graph: ProgramGraph, unit: int, recomputed: bool = False) ->
     for a scan whose body rematerializes, what one iteration's rerun holds
     (:attr:`ProgramGraph.inner_bytes`, from :mod:`remat_opt._inner`).
 
-    Two for a recomputed product or quotient by a smaller, broadcast operand
-    (``recomputed``, in schedules that save no names): the incoming cotangent
+    Two for a recomputed quotient by a smaller, broadcast operand
+    (``recomputed``: by a fenced segment, or by a nested segment's rerun of
+    its forward; in schedules that save no names): the incoming cotangent
     stays live beside the full-size operand's cotangent, because the
     broadcast operand's cotangent is reduced from it afterwards. Measured in
     XLA's buffer assignment for the fenced attention backward of Chen's
     schedules on the 8-layer GPT at sequence 512 (jax 0.10.2): the
     probabilities, their cotangent, the scores' cotangent and the product
     reduced for the row sum, four score-sized buffers, live at once where
-    the model had counted three. The plans CP-SAT finds with saved names
+    the model had counted three; the same four in the innermost backward of
+    Revolve's trees on the demo GPT (-6.1% before they were counted, -3.0%
+    after). The plans CP-SAT finds with saved names
     peak elsewhere and are over-counted by it (+4 to +14%), so it is not
     charged there.
     """
@@ -288,13 +310,13 @@ def simulate(graph: ProgramGraph, schedule: Schedule, *, planning: bool = False)
     """Predicts peak bytes and recompute FLOPs of ``schedule`` on ``graph``.
 
     With ``planning``, the model CP-SAT plans with (:mod:`remat_opt._solve`
-    encodes exactly it): the same, except that a schedule that saves names
-    gets no gradient-slot credit. The prediction's rule for those
-    (:func:`remat_opt._slots.segment_slots`) is approximate, and as a constraint it steered
-    CP-SAT to plans XLA measured 1-9% over their prediction (demo GPT at
-    0.6, 0.5, 0.4 and 0.3 of its plain peak): an optimizer seeks out where
-    a model errs low. Planned without it, plans are over-predicted rather
-    than under (see :func:`remat_opt._slots.segment_slots` for the figures).
+    encodes exactly it): the same, except for the gradient-slot credit,
+    which is narrower (see the module docstring). The prediction's rules
+    are approximate, and as constraints they steered CP-SAT to plans XLA
+    measured over their prediction (with names saved: the demo GPT at
+    0.6, 0.5, 0.4 and 0.3 of its plain peak, 1-9%): an optimizer seeks out
+    where a model errs low. Planned without them, plans are over-predicted
+    rather than under (see :func:`remat_opt._slots.segment_slots` for the figures).
 
     Nesting (``schedule.nested``) is simulated on the segments of every level
     at once: each backward step runs on one of them. A value crossing a cut is
@@ -404,7 +426,8 @@ def simulate(graph: ProgramGraph, schedule: Schedule, *, planning: bool = False)
     transient = [0] * num_segments
     for u in units:
         j = seg_of[u.position]
-        transient[j] = max(transient[j], transient_bytes(graph, u.index, u.index in recomputed and not schedule.saved))
+        recomputed_here = (u.index in recomputed or u.index in rerun) and not schedule.saved
+        transient[j] = max(transient[j], transient_bytes(graph, u.index, recomputed_here))
     base = graph.input_bytes + graph.output_bytes
     seg_start = [0, *sorted(c for c in schedule.all_cuts() if 0 < c < graph.num_positions)]
     seg_end = [*(c - 1 for c in seg_start[1:]), max(0, graph.num_positions - 1)]
@@ -417,19 +440,28 @@ def simulate(graph: ProgramGraph, schedule: Schedule, *, planning: bool = False)
         if any(olo <= lo and stop <= ohi for olo, ohi in ranges[1:] if (olo, ohi) != (lo, stop)):
             for j in range(first, last):
                 held_cotangents[j] += boundary_cotangent_bytes(graph, stop)
-    # Buffers stored across cuts of the top level only may sit in gradient
-    # slots (_slots.slot_credit); from a segment later where names are saved.
+    # Stored buffers of the top level may sit in gradient slots (_slots).
     slots = gradient_slots(graph)
     if schedule.saved:
         slots = () if planning else segment_slots(slots, schedule.all_cuts(), graph.num_positions)
-    crossing = {graph.buffer[v] for v, level, first, _ in copies if level == 0 and first > node_seg[v]}
-    crossing -= {graph.buffer[v] for v, level, _, _ in copies if level > 0}
-    items = {b: (graph.node_bytes[b], p) for b, p in slot_candidates(graph, slots, crossing).items()}
-    stored_in_slots = [[items[b] for b in live if b in items] for live in live_buffers]
-    in_slots = [slot_credit(stored, slots) for stored in stored_in_slots]
-    if not planning:  # a fenced segment's rematerialized buffers take the slots left free
-        # Not the float32 upcasts of parameters (mixed precision): crediting them
-        # under-predicted the bf16 MLP of tests/test_mixed_precision.py by 6%.
+    nested_copies = {graph.buffer[v] for v, level, _, _ in copies if level > 0}
+    if planning:  # the credit CP-SAT encodes: buffers stored across cuts, in slots of their size
+        crossing = {graph.buffer[v] for v, level, first, _ in copies if level == 0 and first > node_seg[v]}
+        items = {b: (graph.node_bytes[b], p) for b, p in slot_candidates(graph, slots, crossing - nested_copies).items()}
+        in_slots = [slot_credit([items[b] for b in live if b in items], slots) for live in live_buffers]
+    else:  # XLA's assignment: every stored buffer, in any slot as large, then what is rematerialized
+        first_read: dict[int, int] = {}
+        for v, level, first, _ in copies:
+            b = graph.buffer[v]
+            if level == 0 and b >= 0 and b not in nested_copies:
+                first_read[b] = min(first_read.get(b, first), first)
+        stored = [StoredBuffer(b, graph.node_bytes[b], graph.position_of(b), first) for b, first in first_read.items()]
+        slot_segments = [seg_of[min(last, graph.num_positions - 1)] for _, last in slots]
+        holder = assign_stored_buffers(stored, slots, slot_segments)
+        in_slots = [sum(graph.node_bytes[b] for b in holder.values() if b in live) for live in live_buffers]
+        # A fenced segment's rematerialized buffers take the slots free in its
+        # backward, but not the float32 upcasts of parameters (mixed precision):
+        # crediting them under-predicted the bf16 MLP of tests/test_mixed_precision.py by 6%.
         from_inputs = [False] * graph.num_nodes  # computed from program inputs alone
         for u in units:
             for v in u.outputs:
@@ -440,7 +472,9 @@ def simulate(graph: ProgramGraph, schedule: Schedule, *, planning: bool = False)
                 continue
             remat_sizes[seg_of[units[u].position]] += remat_buffer_sizes(graph, u, kept)
         for j in set(range(num_segments)) - as_written:
-            in_slots[j] += rematerialized_credit(remat_sizes[j], slots, seg_start[j], stored_in_slots[j])
+            free = [slot for k, slot in enumerate(slots)
+                    if slot[1] < seg_start[j] and holder.get(k) not in live_buffers[j]]
+            in_slots[j] += best_fit_credit(remat_sizes[j], free)
     peaks = [
         base + sum(graph.node_bytes[b] for b in live_buffers[j]) - in_slots[j] + rematerialized[j]
         + relayout_bytes(graph, schedule, seg_of, j, j in as_written) + transient[j]
