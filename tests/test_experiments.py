@@ -85,3 +85,22 @@ def test_loop_fidelity_quick(tmp_path):
         assert int(r["measured_peak_bytes"]) > 0 and int(r["predicted_peak_bytes"]) > 0
     # Charging a rematerializing body's rerun brings the worst plan closer to XLA.
     assert max(abs(float(r["error"])) for r in rows) < max(abs(float(r["error_without_rerun"])) for r in rows)
+
+
+def test_schedule_fidelity_holds_on_the_measured_schedules():
+    """The memory model re-predicts the committed set of XLA-measured schedules
+    (Chen's, Revolve's and CP-SAT's on the zoo models) within 5% but for a few:
+    a model change that breaks it shows here, not in a sweep. Measured at the
+    commit that added it: 109 of 117 within 5%, -5.5% .. +10.6%; under-prediction,
+    the direction that misleads a user, is held tighter."""
+    sys.path.insert(0, str(EXPERIMENTS))
+    import schedule_fidelity
+    from common import read_csv
+
+    rows = read_csv(schedule_fidelity.CSV)
+    assert {r["model"] for r in rows} == {"gpt", "mlp", "resnet", "unet"} and len(rows) > 100
+    checked = schedule_fidelity.check(rows)
+    errors = [r["relative_error"] for r in checked]
+    assert -0.06 <= min(errors) and max(errors) <= 0.11, schedule_fidelity.summary(checked)
+    assert sum(abs(e) <= 0.05 for e in errors) >= 0.9 * len(errors), schedule_fidelity.summary(checked)
+    assert "all " in schedule_fidelity.summary(checked)

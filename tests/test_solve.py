@@ -136,6 +136,8 @@ def test_stored_buffers_take_the_smallest_slot_they_fit_once():
     assert take((7, 1024, 5, 2), (8, 4096, 9, 3)) == {1: 7, 2: 8}
     assert take((7, 2048, 5, 2), (8, 512, 1, 2)) == {2: 7}  # 8 is computed before any slot is free
     assert take((8, 512, 6, 2), (7, 512, 5, 2), (9, 512, 7, 2)) == {0: 7, 1: 8, 2: 9}  # program order
+    same = assign_stored_buffers([StoredBuffer(7, 512, 5, 2), StoredBuffer(8, 512, 6, 2)], slots, segments, True)
+    assert same == {0: 7}  # schedules that save names: a slot of its own size only
 
 
 def test_best_fit_credit_lays_the_largest_first():
@@ -144,6 +146,7 @@ def test_best_fit_credit_lays_the_largest_first():
     assert best_fit_credit([1024, 1024], free) == 1024  # one a slot; 512 is too small
     assert best_fit_credit([4096], free) == 0
     assert best_fit_credit([], free) == 0
+    assert best_fit_credit([512, 1024], free, same_size=True) == 512
 
 
 def test_stored_values_fill_free_gradient_slots():

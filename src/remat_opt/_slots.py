@@ -9,8 +9,9 @@ model (:func:`remat_opt._memory.simulate`) credits those bytes in two ways:
   stored across cuts, in slots of their own size (:func:`slot_credit`),
   none in schedules that save names;
 * prediction: XLA's own assignment, approximated (:func:`assign_stored_buffers`
-  for every stored value, :func:`best_fit_credit` for what a fenced segment
-  rematerializes), with slots free a segment later where names are saved
+  for values stored across cuts, :func:`best_fit_credit` for what a fenced
+  segment rematerializes), in slots as large or larger; in schedules that
+  save names, of their own size only, free a segment later
   (:func:`segment_slots`).
 """
 
@@ -126,7 +127,8 @@ class StoredBuffer(NamedTuple):
 
 
 def assign_stored_buffers(
-    stored: Iterable[StoredBuffer], slots: tuple[tuple[int, int], ...], slot_segments: list[int]
+    stored: Iterable[StoredBuffer], slots: tuple[tuple[int, int], ...], slot_segments: list[int],
+    same_size: bool = False,
 ) -> dict[int, int]:
     """The gradient slot each stored buffer is laid over, as XLA's buffer assigner
     picks it: ``{slot index: buffer}``.
@@ -139,24 +141,26 @@ def assign_stored_buffers(
     input's last reader; in schedules that save names, the end of its segment:
     :func:`segment_slots`) and dead before the gradient is written: the
     slot's segment (``slot_segments``) comes before the buffer's ``first_read``.
+    With ``same_size``, only slots of the buffer's own size.
 
     Measured (jax 0.10.2, XLA:CPU): the zoo U-Net's 32 KiB activations sit in
     the 36 to 192 KiB gradient buffers of its convolutions, which no same-size
-    rule credits; the 32 schedules of the U-Net measured went from -4.7% ..
-    +11.9% to -4.7% .. +3.3% of XLA's peak.
+    rule credits; its 23 Chen, Chen greedy and Revolve schedules went from
+    -4.6% .. +11.9% to -4.7% .. +3.3% of XLA's peak.
     """
     order = sorted(range(len(slots)), key=lambda k: slots[k])
     holder: dict[int, int] = {}
     for item in sorted(stored, key=lambda item: (-item.size, item.position)):
         for k in order:
             size, last = slots[k]
-            if k not in holder and size >= item.size and last < item.position and slot_segments[k] < item.first_read:
+            fits = size == item.size if same_size else size >= item.size
+            if k not in holder and fits and last < item.position and slot_segments[k] < item.first_read:
                 holder[k] = item.buffer
                 break
     return holder
 
 
-def best_fit_credit(sizes: Iterable[int], free: Iterable[tuple[int, int]]) -> int:
+def best_fit_credit(sizes: Iterable[int], free: Iterable[tuple[int, int]], same_size: bool = False) -> int:
     """Bytes of buffers (``sizes``, all live at once) laid over the ``free``
     slots, largest buffer first into the smallest slot it fits, one a slot.
 
@@ -165,13 +169,14 @@ def best_fit_credit(sizes: Iterable[int], free: Iterable[tuple[int, int]]) -> in
     cut in three segments, the middle segment's recomputed 256 KiB activations
     sit in the unwritten gradient buffers of the first layers' ``w_fc`` and
     ``w_proj``; jax 0.10.2, XLA:CPU). A prediction only, like
-    :func:`assign_stored_buffers`: CP-SAT plans without it.
+    :func:`assign_stored_buffers`: CP-SAT plans without it. With
+    ``same_size``, only slots of a buffer's own size.
     """
     room = sorted(size for size, _ in free)
     credit = 0
     for size in sorted(sizes, reverse=True):
         k = bisect.bisect_left(room, size)
-        if k < len(room):
+        if k < len(room) and (room[k] == size or not same_size):
             del room[k]
             credit += size
     return credit
