@@ -84,9 +84,8 @@ from dataclasses import dataclass
 from ._graph import ProgramGraph
 from ._slots import (
     StoredBuffer,
-    assign_stored_buffers,
-    best_fit_credit,
     gradient_slots,
+    predicted_slot_credit,
     segment_slots,
     slot_candidates,
     slot_credit,
@@ -213,6 +212,48 @@ def remat_bytes(graph: ProgramGraph, unit: int, kept: frozenset[int]) -> int:
 def remat_buffer_sizes(graph: ProgramGraph, unit: int, kept: frozenset[int]) -> list[int]:
     """The sizes of the buffers a recomputed unit writes (see :func:`remat_bytes`)."""
     return [graph.node_bytes[v] for v in graph.units[unit].outputs if graph.buffer[v] == v and v in kept]
+
+
+def stored_across_cuts(
+    graph: ProgramGraph, copies: list[tuple[int, int, int, int]], node_seg: list[int], nested: set[int]
+) -> list[StoredBuffer]:
+    """The top level's buffers stored across a cut (not by a nested level),
+    each with the earliest segment reading it past its own: those the
+    prediction lays over gradient slots.
+
+    Not the residuals of code run as written (:func:`calibrate` fits those to
+    XLA's peak for the plain program, slots included), nor saved names:
+    crediting both under-predicted the demo GPT's CP-SAT plans at 0.9 and
+    0.75 of the plain peak by 2.3% and 5.5% (0.7% and 1.3% without), though
+    the zoo U-Net's plans that save 70 names are then over-predicted by up to
+    10.6% (within 3.3% when they are credited).
+    """
+    first_read: dict[int, int] = {}
+    for v, level, first, _ in copies:
+        b = graph.buffer[v]
+        if level == 0 and first > node_seg[v] and b >= 0 and b not in nested:
+            first_read[b] = min(first_read.get(b, first), first)
+    return [StoredBuffer(b, graph.node_bytes[b], graph.position_of(b), first) for b, first in first_read.items()]
+
+
+def rematerialized_sizes(
+    graph: ProgramGraph, recomputed: set[int], seg_of: tuple[int, ...], kept: frozenset[int]
+) -> dict[int, list[int]]:
+    """Per segment, the sizes of the buffers its backward rematerializes,
+    except float32 upcasts of parameters (mixed precision), which no
+    gradient slot hosts: crediting them under-predicted the bf16 MLP of
+    tests/test_mixed_precision.py by 6%."""
+    from_inputs = [False] * graph.num_nodes  # computed from program inputs alone
+    for u in graph.units:
+        for v in u.outputs:
+            from_inputs[v] = all(from_inputs[w] for w in u.inputs)
+    sizes: dict[int, list[int]] = {}
+    for u in recomputed:
+        unit = graph.units[u]
+        if unit.primitive == "convert_element_type" and all(from_inputs[v] for v in unit.outputs):
+            continue
+        sizes.setdefault(seg_of[unit.position], []).extend(remat_buffer_sizes(graph, u, kept))
+    return sizes
 
 
 def relayout_bytes(
@@ -452,40 +493,13 @@ def simulate(graph: ProgramGraph, schedule: Schedule, *, planning: bool = False)
         items = {b: (graph.node_bytes[b], p) for b, p in slot_candidates(graph, slots, crossing - nested_copies).items()}
         in_slots = [slot_credit([items[b] for b in live if b in items], slots) for live in live_buffers]
     else:  # XLA's assignment: any slot as large, once for the whole step; then what is rematerialized
-        # Values stored across a cut only, and in schedules that save names in
-        # slots of their own size only. Not the residuals of code run as written
-        # (calibrate() fits those to XLA's peak for the plain program, slots
-        # included), nor saved names: crediting both under-predicted the demo
-        # GPT's CP-SAT plans at 0.9 and 0.75 of the plain peak by 2.3% and 5.5%
-        # (0.7% and 1.3% without), and larger slots a small GPT's by 8.2%
-        # (5.8% without), though the zoo U-Net's plans that save 70 names are
-        # then over-predicted by up to 10.6% (within 3.3% with all three).
-        first_read: dict[int, int] = {}
-        for v, level, first, _ in copies:
-            b = graph.buffer[v]
-            if level == 0 and first > node_seg[v] and b >= 0 and b not in nested_copies:
-                first_read[b] = min(first_read.get(b, first), first)
-        stored = [StoredBuffer(b, graph.node_bytes[b], graph.position_of(b), first) for b, first in first_read.items()]
+        # (in schedules that save names, slots of their own size only: larger
+        # ones under-predicted a small GPT's CP-SAT plan by 8.2%, 5.8% without)
+        stored = stored_across_cuts(graph, copies, node_seg, nested_copies)
         slot_segments = [seg_of[min(last, graph.num_positions - 1)] for _, last in slots]
-        same_size = bool(schedule.saved)
-        holder = assign_stored_buffers(stored, slots, slot_segments, same_size)
-        in_slots = [sum(graph.node_bytes[b] for b in holder.values() if b in live) for live in live_buffers]
-        # A fenced segment's rematerialized buffers take the slots free in its
-        # backward, but not the float32 upcasts of parameters (mixed precision):
-        # crediting them under-predicted the bf16 MLP of tests/test_mixed_precision.py by 6%.
-        from_inputs = [False] * graph.num_nodes  # computed from program inputs alone
-        for u in units:
-            for v in u.outputs:
-                from_inputs[v] = all(from_inputs[w] for w in u.inputs)
-        remat_sizes: list[list[int]] = [[] for _ in range(num_segments)]
-        for u in recomputed:
-            if units[u].primitive == "convert_element_type" and all(from_inputs[v] for v in units[u].outputs):
-                continue
-            remat_sizes[seg_of[units[u].position]] += remat_buffer_sizes(graph, u, kept)
-        for j in set(range(num_segments)) - as_written:
-            free = [slot for k, slot in enumerate(slots)
-                    if slot[1] < seg_start[j] and holder.get(k) not in live_buffers[j]]
-            in_slots[j] += best_fit_credit(remat_sizes[j], free, same_size)
+        fenced = {j: seg_start[j] for j in range(num_segments) if j not in as_written}
+        in_slots = predicted_slot_credit(stored, rematerialized_sizes(graph, recomputed, seg_of, kept),
+                                         live_buffers, slots, slot_segments, fenced, same_size=bool(schedule.saved))
     peaks = [
         base + sum(graph.node_bytes[b] for b in live_buffers[j]) - in_slots[j] + rematerialized[j]
         + relayout_bytes(graph, schedule, seg_of, j, j in as_written) + transient[j]

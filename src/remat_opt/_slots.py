@@ -180,3 +180,26 @@ def best_fit_credit(sizes: Iterable[int], free: Iterable[tuple[int, int]], same_
             del room[k]
             credit += size
     return credit
+
+
+def predicted_slot_credit(
+    stored: Iterable[StoredBuffer], rematerialized: dict[int, list[int]], live_buffers: list[set[int]],
+    slots: tuple[tuple[int, int], ...], slot_segments: list[int], fenced: dict[int, int], same_size: bool = False,
+) -> list[int]:
+    """Per segment, the bytes XLA lays over gradient slots at its backward (the prediction's credit).
+
+    The ``stored`` buffers take their slots once for the whole step
+    (:func:`assign_stored_buffers`), and count at the segments where they are
+    live (``live_buffers``). Then each ``fenced`` segment (``{segment: its
+    first position}``) lays what its backward rematerializes (sizes in
+    ``rematerialized``) over the slots still free: read before the segment
+    starts, and holding no buffer live at it (:func:`best_fit_credit`).
+    """
+    stored = list(stored)
+    holder = assign_stored_buffers(stored, slots, slot_segments, same_size)
+    size = {item.buffer: item.size for item in stored}
+    credit = [sum(size[b] for b in holder.values() if b in live) for live in live_buffers]
+    for j, start in fenced.items():
+        free = [slot for k, slot in enumerate(slots) if slot[1] < start and holder.get(k) not in live_buffers[j]]
+        credit[j] += best_fit_credit(rematerialized.get(j, ()), free, same_size)
+    return credit
