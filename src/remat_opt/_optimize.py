@@ -173,14 +173,19 @@ class OptimizedFunction:
             return plan, self.fn
 
         loops = self._loop_plans(whole, whole_graph.plain_storage_scale, args, kwargs, argnums, nums, measure,
-                                 baseline_flops, plain_peak)
+                                 baseline_flops, plain_peak, budget)
         best_loop = min((lp for lp in loops if lp[0].measured_peak_bytes <= budget),
                         key=lambda lp: lp[0].measured_recompute_flops, default=None)
+        # Only a schedule cheaper than what already fits is worth measuring: than the
+        # best loop plan (a schedule as cheap wins the tie), then than CP-SAT's.
+        loop_ceiling = best_loop[0].measured_recompute_flops + 1 if best_loop is not None else None
         try:
-            planned = self._solve_schedule(graph, budget, args, kwargs, nums, measure, baseline_flops, plain_peak)
+            planned = self._solve_schedule(graph, budget, args, kwargs, nums, measure, baseline_flops, plain_peak,
+                                           loop_ceiling)
         except InfeasibleBudgetError as err:
             planned, infeasible = None, err
-        ceiling = planned[0].measured_recompute_flops if planned is not None else None
+        ceilings = [p[0].measured_recompute_flops for p in (planned,) if p is not None]
+        ceiling = min([*ceilings, loop_ceiling] if loop_ceiling is not None else ceilings, default=None)
         other, lowest_other = self._measured_schedules(graph, budget, ceiling, measure, args, kwargs, nums,
                                                        baseline_flops, plain_peak)
         # The fewest recomputed FLOPs wins; on a tie, CP-SAT's schedule, then the others.
@@ -257,9 +262,12 @@ class OptimizedFunction:
 
     def _loop_plans(self, whole: TracedProgram, scale: float, args: tuple, kwargs: dict,
                     argnums: tuple[int, ...], nums: Any, measure: Callable[[Callable[..., Any]], int],
-                    baseline_flops: int, plain_peak: int) -> list[tuple[Plan, Callable[..., Any]]]:
-        """Every loop plan (:mod:`remat_opt._loops`) of the scans of ``whole``
-        (the program traced with its loops whole), measured on XLA.
+                    baseline_flops: int, plain_peak: int, budget: int) -> list[tuple[Plan, Callable[..., Any]]]:
+        """The loop plans (:mod:`remat_opt._loops`) of the scans of ``whole``
+        (the program traced with its loops whole), measured on XLA in order of
+        recomputed FLOPs (counted on each one's jaxpr, before any compile) up to
+        the first that fits ``budget``: the cheapest that fits, and every one
+        cheaper. All of them when none fits (the error names the lowest peak).
 
         Scans of any length count, unrolled or not: a scan too long to unroll
         is planned by these alone. The model's prediction for each uses
@@ -270,14 +278,17 @@ class OptimizedFunction:
         lengths = scan_lengths(whole)
         if not lengths:
             return []
-        plans = []
+        candidates = []
         for loop in loop_candidates(lengths):
             program = with_signature(self.fn, whole, loop_program(whole, loop))
+            flops = gradient_flops(program, args, kwargs, nums, self.cost_model, self.has_aux) - baseline_flops
+            candidates.append((flops, loop, program))
+        plans = []
+        for flops, loop, program in sorted(candidates, key=lambda c: c[0]):  # stable: ties keep their order
             graph = build_graph(trace(program, args, kwargs, argnums), self.cost_model)
             graph = dataclasses.replace(graph, plain_storage_scale=scale)
             sim = simulate(graph, Schedule(plain=True))
             measured = measure(program)
-            flops = gradient_flops(program, args, kwargs, nums, self.cost_model, self.has_aux) - baseline_flops
             # Chosen among a finite family by measurement: no bound but 0 FLOPs.
             plan = dataclasses.replace(
                 self._plan(graph, sim, Schedule(plain=True), measured, plain_peak, flops, baseline_flops,
@@ -285,12 +296,19 @@ class OptimizedFunction:
                 recompute_flops=flops, loop_plan=loop,
             )
             plans.append((plan, program))
+            if measured <= budget:
+                break
         return plans
 
     def _solve_schedule(self, graph: ProgramGraph, budget: int, args: tuple, kwargs: dict, nums: Any,
                         measure: Callable[[Callable[..., Any]], int], baseline_flops: int,
-                        plain_peak: int) -> tuple[Plan, Callable[..., Any]]:
-        """CP-SAT's schedule on ``graph``, tightened until XLA confirms the budget."""
+                        plain_peak: int, ceiling_flops: int | None = None) -> tuple[Plan, Callable[..., Any]] | None:
+        """CP-SAT's schedule on ``graph``, tightened until XLA confirms the budget.
+
+        ``None`` once the model counts ``ceiling_flops`` or more for every schedule
+        left to try (a plan that cheap already fits): CP-SAT's optimum only
+        grows as the target tightens.
+        """
         target, solve_seconds, bound, lowest, solves = budget, 0.0, 0.0, None, 0
         for attempt in range(1, self.max_attempts + 1):
             solves = attempt
@@ -303,6 +321,8 @@ class OptimizedFunction:
                 break  # nothing under the target in the model: XLA may still take the lowest-memory schedule
             solve_seconds += solution.solve_seconds
             bound = bound or solution.bound_flops
+            if ceiling_flops is not None and solution.objective_flops >= ceiling_flops:
+                return None
             program = apply_schedule(self.fn, graph, solution.schedule)
             measured = measure(program)
             if measured <= budget:
@@ -321,8 +341,13 @@ class OptimizedFunction:
             started = time.perf_counter()
             lowest = min_peak_schedule(graph, self.solver_options)
             solve_seconds += time.perf_counter() - started
+        candidates = low_memory_schedules(graph, lowest, self.FALLBACK_CANDIDATES)
+        if ceiling_flops is not None:
+            candidates = [c for c in candidates if simulate(graph, c).recompute_flops < ceiling_flops]
+            if not candidates:
+                return None
         tried = []
-        for candidate in low_memory_schedules(graph, lowest, self.FALLBACK_CANDIDATES):
+        for candidate in candidates:
             program = apply_schedule(self.fn, graph, candidate)
             tried.append((measure(program), simulate(graph, candidate).recompute_flops, candidate, program))
         fitting = [t for t in tried if t[0] <= budget]
