@@ -10,7 +10,7 @@ script exits non-zero if remat_opt misses a budget, or, where a baseline
 fits, fails to fit its peak with no more recomputed FLOPs.
 
 Usage:
-    python experiments/deep_chain.py [--depth 32] [--width 128] [--batch 512]
+    python experiments/deep_chain.py [--depth 32] [--width 128] [--batch 512] [--quick]
 """
 
 from __future__ import annotations
@@ -39,8 +39,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--depth", type=int, default=32)
     parser.add_argument("--width", type=int, default=128)
     parser.add_argument("--batch", type=int, default=512)
+    parser.add_argument("--quick", action="store_true", help="a short solve on two workers (for the tests)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
+    options = (remat_opt.SolverOptions(time_limit_s=60.0, deterministic_time_limit=2.0, num_workers=2)
+               if args.quick else remat_opt.SolverOptions())
     header = f"{stamp()}\nreproduce: {command()}"
     print(header, flush=True)
     spec = MODELS["mlp"]
@@ -53,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
                  remat_opt.chen_greedy(spec.loss, params, batch, budget_bytes=plain),
                  remat_opt.revolve(spec.loss, params, batch, budget_bytes=plain)]
     try:
-        remat_opt.optimize(spec.loss, 1).plan(params, batch)
+        remat_opt.optimize(spec.loss, 1, solver_options=options).plan(params, batch)
         raise AssertionError("a one-byte budget was met")
     except remat_opt.InfeasibleBudgetError as err:
         lowest = err.min_budget_bytes
@@ -66,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     for budget in budgets:
         if budget < lowest:
             continue
-        plan = remat_opt.optimize(spec.loss, budget).plan(params, batch)
+        plan = remat_opt.optimize(spec.loss, budget, solver_options=options).plan(params, batch)
         if not plan.fits:
             failures.append(f"remat_opt missed {budget:,} bytes")
         rows.append({"strategy": "remat_opt", "budget_bytes": budget, "measured_peak_bytes": plan.measured_peak_bytes,

@@ -103,10 +103,10 @@ def alternative_name(library: str, policy: str | None, groups: int) -> str:
 
 
 def hand_written(library: str, variant: Callable[[str | None, int], Variant], layers: int,
-                 baseline_flops: int, want: Any) -> list[dict]:
-    """Every hand-written alternative, measured: peak, recomputed FLOPs, gradient error."""
+                 baseline_flops: int, want: Any, policies: tuple[str, ...] = tuple(remat_opt.POLICIES)) -> list[dict]:
+    """Every hand-written alternative (of ``policies``), measured: peak, recomputed FLOPs, gradient error."""
     rows = []
-    for policy in (None, *remat_opt.POLICIES):
+    for policy in (None, *policies):
         for groups in (1, *sorted(near_sqrt_divisors(layers))):
             if policy is None and groups == 1:
                 continue
@@ -144,10 +144,11 @@ def best_fitting(rows: list[dict], budget: int) -> dict | None:
 
 
 def remat_opt_row(loss: Callable[..., Any], call_args: tuple, grad_of: Callable[[Callable[..., Any]], Any],
-                  want: Any, budget: int, options: remat_opt.SolverOptions, baseline_flops: int) -> dict:
+                  want: Any, budget: int, options: remat_opt.SolverOptions, baseline_flops: int,
+                  unroll_scans: int = 64) -> dict:
     """remat_opt's plan at ``budget``, measured; a budget it cannot reach is a row too."""
     start = time.perf_counter()
-    step = remat_opt.optimize(loss, budget, solver_options=options)
+    step = remat_opt.optimize(loss, budget, solver_options=options, unroll_scans=unroll_scans)
     try:
         plan = step.plan(*call_args)
     except remat_opt.InfeasibleBudgetError as err:
@@ -183,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fractions", type=float, nargs="*", default=[0.6, 0.4, 0.25],
                         help="budgets as fractions of the plain peak, besides the alternatives' peaks")
     parser.add_argument("--quick", action="store_true",
-                        help="budgets at the fractions only, not at the alternatives' peaks, and a short solve")
+                        help="budgets at the fractions only, not at the alternatives' peaks; "
+                             "nothing_saveable only; scans planned whole; a short solve")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     header = f"{stamp()}\nreproduce: {command()}"
@@ -199,14 +201,16 @@ def main(argv: list[str] | None = None) -> int:
         baseline_flops = gradient_flops(loss, call_args, {}, 0)
         want = grad_of(loss)
         print(f"{library}: plain {plain / MiB:.2f} MiB", flush=True)
-        alternatives = hand_written(library, variants, args.layers, baseline_flops, want)
+        alternatives = hand_written(library, variants, args.layers, baseline_flops, want,
+                                    ("nothing_saveable",) if args.quick else tuple(remat_opt.POLICIES))
         rows += [{"library": library, "strategy": "no remat", "measured_peak_bytes": plain, "recompute_flops": 0,
                   "overhead": 0.0}, *alternatives]
         budgets = {int(plain * frac) for frac in args.fractions}
         if not args.quick:
             budgets |= {r["measured_peak_bytes"] for r in frontier(alternatives, plain)}
         for budget in sorted(budgets, reverse=True):
-            row = remat_opt_row(loss, call_args, grad_of, want, budget, options, baseline_flops)
+            row = remat_opt_row(loss, call_args, grad_of, want, budget, options, baseline_flops,
+                                unroll_scans=0 if args.quick else 64)  # quick: the scan planned whole
             best = best_fitting(alternatives, budget)
             row = {"library": library, **row, "plain_peak_bytes": plain,
                    "best_alternative": None if best is None else best["strategy"],

@@ -1,10 +1,29 @@
 """Shared fixtures: small programs whose gradients and XLA peaks are cheap to check."""
 
+import os
+import shutil
+import tempfile
+
 import jax
 import jax.numpy as jnp
 import pytest
 
 from remat_opt.zoo import MODELS, GPTConfig
+
+# One run's XLA compilations, cached on disk for the rest of the run (and for the
+# experiment scripts it starts, through the environment): tests measure the same
+# programs many times over, and compiling them is most of the suite's time. A
+# cached executable is the one compiled (memory_analysis() reads the same); the
+# folder is new every run, so nothing carries over from another jax or remat_opt.
+_CACHE = tempfile.mkdtemp(prefix="remat_opt_tests_xla_")
+os.environ["JAX_COMPILATION_CACHE_DIR"] = _CACHE
+os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.2"
+jax.config.update("jax_compilation_cache_dir", _CACHE)
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    shutil.rmtree(_CACHE, ignore_errors=True)
 
 
 def tanh_mlp(params, x):

@@ -17,6 +17,8 @@ from remat_opt._trace import trace
 from remat_opt.zoo import MODELS, MLPConfig
 
 CONFIG = MLPConfig(depth=32, width=128, batch=512)
+# Two workers as on a CI machine's two cores; the same options for both solves below.
+FAST = remat_opt.SolverOptions(time_limit_s=60.0, deterministic_time_limit=2.0, num_workers=2)
 
 
 def griewank_recomputations(steps: int, snapshots: int) -> int:
@@ -107,10 +109,10 @@ def test_nesting_reaches_below_every_flat_plan(mlp):
     loss, params, batch, graph = mlp
     greedy = remat_opt.chen_greedy(loss, params, batch, budget_bytes=1, measure_top=3)
     with pytest.raises(remat_opt.InfeasibleBudgetError) as info:
-        remat_opt.optimize(loss, 1).plan(params, batch)
+        remat_opt.optimize(loss, 1, solver_options=FAST).plan(params, batch)
     lowest = info.value.min_budget_bytes
     assert lowest < greedy.measured_peak_bytes
-    step = remat_opt.optimize(loss, lowest)
+    step = remat_opt.optimize(loss, lowest, solver_options=FAST)
     plan = step.plan(params, batch)
     assert plan.fits and plan.schedule.depth() > 1, str(plan)
     assert plan.measured_peak_bytes <= lowest

@@ -23,7 +23,7 @@ def max_abs_diff(a, b):
 # credited rematerialized buffers in gradient slots); on the demo GPT's seven
 # budgets, all within 4.9% (README, "Fidelity").
 FIDELITY = 0.06
-FAST = remat_opt.SolverOptions(time_limit_s=10.0, deterministic_time_limit=3.0)
+FAST = remat_opt.SolverOptions(time_limit_s=10.0, deterministic_time_limit=3.0, num_workers=2)
 
 
 @pytest.fixture(scope="module")
