@@ -145,10 +145,10 @@ def best_fitting(rows: list[dict], budget: int) -> dict | None:
 
 def remat_opt_row(loss: Callable[..., Any], call_args: tuple, grad_of: Callable[[Callable[..., Any]], Any],
                   want: Any, budget: int, options: remat_opt.SolverOptions, baseline_flops: int,
-                  unroll_scans: int = 64) -> dict:
+                  **optimize_kwargs: Any) -> dict:
     """remat_opt's plan at ``budget``, measured; a budget it cannot reach is a row too."""
     start = time.perf_counter()
-    step = remat_opt.optimize(loss, budget, solver_options=options, unroll_scans=unroll_scans)
+    step = remat_opt.optimize(loss, budget, solver_options=options, **optimize_kwargs)
     try:
         plan = step.plan(*call_args)
     except remat_opt.InfeasibleBudgetError as err:
@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
             budgets |= {r["measured_peak_bytes"] for r in frontier(alternatives, plain)}
         for budget in sorted(budgets, reverse=True):
             row = remat_opt_row(loss, call_args, grad_of, want, budget, options, baseline_flops,
-                                unroll_scans=0 if args.quick else 64)  # quick: the scan planned whole
+                                **({"unroll_scans": 0} if args.quick else {}))  # quick: scans planned whole
             best = best_fitting(alternatives, budget)
             row = {"library": library, **row, "plain_peak_bytes": plain,
                    "best_alternative": None if best is None else best["strategy"],

@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     for budget in budgets:
         start = time.perf_counter()
         # A quick run plans the scan whole (loop plans only): the unrolled solve is the slow part.
-        step = remat_opt.optimize(loss, budget, solver_options=options, unroll_scans=0 if args.quick else 64)
+        step = remat_opt.optimize(loss, budget, solver_options=options, **({"unroll_scans": 0} if args.quick else {}))
         plan = step.plan(params, batch)
         wall = time.perf_counter() - start
         got = jax.jit(jax.grad(step))(params, batch)

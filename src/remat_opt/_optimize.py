@@ -305,9 +305,9 @@ class OptimizedFunction:
                         plain_peak: int, ceiling_flops: int | None = None) -> tuple[Plan, Callable[..., Any]] | None:
         """CP-SAT's schedule on ``graph``, tightened until XLA confirms the budget.
 
-        ``None`` once the model counts ``ceiling_flops`` or more for every schedule
-        left to try (a plan that cheap already fits): CP-SAT's optimum only
-        grows as the target tightens.
+        ``None`` when a plan of ``ceiling_flops`` already fits and the model
+        counts that many or more for CP-SAT's schedule (a tightened target only
+        costs more) or for every lowest-memory schedule left to measure.
         """
         target, solve_seconds, bound, lowest, solves = budget, 0.0, 0.0, None, 0
         for attempt in range(1, self.max_attempts + 1):
