@@ -83,12 +83,12 @@ from dataclasses import dataclass
 
 from ._graph import ProgramGraph
 from ._slots import (
-    StoredBuffer,
     gradient_slots,
     predicted_slot_credit,
     segment_slots,
     slot_candidates,
     slot_credit,
+    stored_across_cuts,
 )
 
 
@@ -212,28 +212,6 @@ def remat_bytes(graph: ProgramGraph, unit: int, kept: frozenset[int]) -> int:
 def remat_buffer_sizes(graph: ProgramGraph, unit: int, kept: frozenset[int]) -> list[int]:
     """The sizes of the buffers a recomputed unit writes (see :func:`remat_bytes`)."""
     return [graph.node_bytes[v] for v in graph.units[unit].outputs if graph.buffer[v] == v and v in kept]
-
-
-def stored_across_cuts(
-    graph: ProgramGraph, copies: list[tuple[int, int, int, int]], node_seg: list[int], nested: set[int]
-) -> list[StoredBuffer]:
-    """The top level's buffers stored across a cut (not by a nested level),
-    each with the earliest segment reading it past its own: those the
-    prediction lays over gradient slots.
-
-    Not the residuals of code run as written (:func:`calibrate` fits those to
-    XLA's peak for the plain program, slots included), nor saved names:
-    crediting both under-predicted the demo GPT's CP-SAT plans at 0.9 and
-    0.75 of the plain peak by 2.3% and 5.5% (0.7% and 1.3% without), though
-    the zoo U-Net's plans that save 70 names are then over-predicted by up to
-    10.6% (within 3.3% when they are credited).
-    """
-    first_read: dict[int, int] = {}
-    for v, level, first, _ in copies:
-        b = graph.buffer[v]
-        if level == 0 and first > node_seg[v] and b >= 0 and b not in nested:
-            first_read[b] = min(first_read.get(b, first), first)
-    return [StoredBuffer(b, graph.node_bytes[b], graph.position_of(b), first) for b, first in first_read.items()]
 
 
 def rematerialized_sizes(
