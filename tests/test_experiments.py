@@ -91,9 +91,9 @@ def test_loop_fidelity_quick(tmp_path):
 def test_schedule_fidelity_holds_on_the_measured_schedules():
     """The memory model re-predicts the committed set of XLA-measured schedules
     (Chen's, Revolve's and CP-SAT's on the zoo models) within 5% but for a few:
-    a model change that breaks it shows here, not in a sweep. Measured at the
-    commit that added it: 109 of 117 within 5%, -5.5% .. +10.6%; under-prediction,
-    the direction that misleads a user, is held tighter."""
+    a model change that breaks it shows here, not in a sweep. Measured: 109 of
+    117 within 5%, -5.5% .. +10.6% at the commit that added it; 112 of 117,
+    -5.5% .. +6.3% once saved names were laid over gradient slots."""
     sys.path.insert(0, str(EXPERIMENTS))
     import schedule_fidelity
     from common import read_csv
@@ -102,6 +102,6 @@ def test_schedule_fidelity_holds_on_the_measured_schedules():
     assert {r["model"] for r in rows} == {"gpt", "mlp", "resnet", "unet"} and len(rows) > 100
     checked = schedule_fidelity.check(rows)
     errors = [r["relative_error"] for r in checked]
-    assert -0.06 <= min(errors) and max(errors) <= 0.11, schedule_fidelity.summary(checked)
-    assert sum(abs(e) <= 0.05 for e in errors) >= 0.9 * len(errors), schedule_fidelity.summary(checked)
+    assert -0.06 <= min(errors) and max(errors) <= 0.07, schedule_fidelity.summary(checked)
+    assert sum(abs(e) <= 0.05 for e in errors) >= 0.95 * len(errors), schedule_fidelity.summary(checked)
     assert "all " in schedule_fidelity.summary(checked)

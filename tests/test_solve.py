@@ -8,8 +8,16 @@ import pytest
 
 from remat_opt import InfeasibleBudgetError, Schedule
 from remat_opt._graph import build_graph
-from remat_opt._memory import simulate
-from remat_opt._slots import StoredBuffer, assign_stored_buffers, best_fit_credit, gradient_slots, segment_slots, slot_credit
+from remat_opt._memory import simulate, tail_extra_bytes
+from remat_opt._slots import (
+    StoredBuffer,
+    assign_stored_buffers,
+    best_fit_credit,
+    gradient_slots,
+    segment_slots,
+    slot_credit,
+    stored_in_slots,
+)
 from remat_opt._solve import SolverOptions, cut_candidates, min_peak_schedule, save_candidates, solve
 from remat_opt._trace import trace
 
@@ -136,8 +144,24 @@ def test_stored_buffers_take_the_smallest_slot_they_fit_once():
     assert take((7, 1024, 5, 2), (8, 4096, 9, 3)) == {1: 7, 2: 8}
     assert take((7, 2048, 5, 2), (8, 512, 1, 2)) == {2: 7}  # 8 is computed before any slot is free
     assert take((8, 512, 6, 2), (7, 512, 5, 2), (9, 512, 7, 2)) == {0: 7, 1: 8, 2: 9}  # program order
-    same = assign_stored_buffers([StoredBuffer(7, 512, 5, 2), StoredBuffer(8, 512, 6, 2)], slots, segments, True)
-    assert same == {0: 7}  # schedules that save names: a slot of its own size only
+
+
+def test_saved_names_take_slots_from_code_run_as_written():
+    """The prediction lays a saved name over a slot though its own segment's
+    backward reads it (a boundary value only when a later segment does), and
+    code run as written then keeps no slot from the plain program's calibration."""
+    fn, ws, x = PROGRAMS["chain_slots"]
+    graph = _graph(fn, ws, x)
+    v = next(v for v in range(graph.num_nodes) if graph.buffer[v] == v and graph.node_bytes[v] == 1024)
+    node_seg = [1] * graph.num_nodes
+    copies = [(v, 0, 1, 1)]  # stored from its own segment, read first there
+    assert stored_in_slots(graph, copies, node_seg, set(), frozenset()) == []
+    assert stored_in_slots(graph, copies, node_seg, set(), frozenset({v})) == [
+        StoredBuffer(v, 1024, graph.position_of(v), 1)]
+    assert stored_in_slots(graph, copies, node_seg, {v}, frozenset({v})) == []  # stored by a nested level
+    below, above = (dataclasses.replace(graph, plain_storage_scale=s) for s in (0.9, 1.2))
+    assert tail_extra_bytes(below, v) < 0 and tail_extra_bytes(below, v, names_in_slots=True) == 0
+    assert tail_extra_bytes(above, v) == tail_extra_bytes(above, v, names_in_slots=True) > 0
 
 
 def test_best_fit_credit_lays_the_largest_first():
@@ -146,7 +170,6 @@ def test_best_fit_credit_lays_the_largest_first():
     assert best_fit_credit([1024, 1024], free) == 1024  # one a slot; 512 is too small
     assert best_fit_credit([4096], free) == 0
     assert best_fit_credit([], free) == 0
-    assert best_fit_credit([512, 1024], free, same_size=True) == 512
 
 
 def test_stored_values_fill_free_gradient_slots():

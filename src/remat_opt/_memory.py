@@ -48,23 +48,24 @@ CP-SAT plans with a narrower slot credit (``simulate(planning=True)``, which
 :mod:`remat_opt._solve` encodes exactly): only values stored across a cut, in
 slots of their own size, and none in schedules that save names. The
 prediction follows XLA's buffer assigner more closely
-(:func:`remat_opt._slots.assign_stored_buffers`: values stored across a cut,
-each once for the whole step, in any slot as large, or of their own size in
-schedules that save names; then a fenced segment's rematerialized buffers
-in the slots left free).
+(:func:`remat_opt._slots.assign_stored_buffers`: values stored across a cut
+and saved names, each once for the whole step, in any slot as large; then a
+fenced segment's rematerialized buffers in the slots left free).
 
 Known gaps, measured in XLA's buffer assignment (jax 0.10.2, XLA:CPU) and
 not modelled yet: XLA's assignment is global and also places temporaries
 the model does not list (weight relayouts, cotangents), so the slot credit
-is approximate: within 5% of XLA's peak on 109 of 117 measured schedules of
+is approximate: within 5% of XLA's peak on 112 of 117 measured schedules of
 the zoo models (``experiments/schedule_fidelity.py``: Chen's, Chen's
 greedy, Revolve and CP-SAT's plans), -5.5% (Revolve on the ResNet) ..
-+10.6% (CP-SAT's U-Net plans that save 70 names, whose names XLA lays in
-slots; see :func:`simulate`), and +6.3% for Chen's greedy on the GPT (XLA
-writes an MLP's cotangent over a recomputed input it no longer needs,
-where the model adds it on top; charging that under-predicted four other
-schedules by 5-6%); a cut just before an elementwise op whose input then
-crosses costs one activation more than modelled.
++6.3% (Chen's greedy on the GPT: XLA writes an MLP's cotangent over a
+recomputed input it no longer needs, where the model adds it on top;
+charging that under-predicted four other schedules by 5-6%). A cut just
+before an elementwise op whose input then crosses costs one activation
+more than modelled. The model has no forward peak: where XLA defers a
+residual stream's adds into late fusions, it holds their branch outputs
+through the forward and peaks there (a small GPT's CP-SAT plan that saves
+38 names, -7.1%).
 
 Nested schedules (:attr:`Schedule.nested`, built by :mod:`remat_opt._nesting`)
 follow the same rules on the segments of every level at once: a nested
@@ -88,7 +89,7 @@ from ._slots import (
     segment_slots,
     slot_candidates,
     slot_credit,
-    stored_across_cuts,
+    stored_in_slots,
 )
 
 
@@ -260,10 +261,20 @@ def relayout_bytes(
     return total
 
 
-def tail_extra_bytes(graph: ProgramGraph, buffer: int) -> int:
+def tail_extra_bytes(graph: ProgramGraph, buffer: int, names_in_slots: bool = False) -> int:
     """What XLA keeps beyond the model for one residual buffer of code run as
-    written (see :func:`calibrate`); 0 on an uncalibrated graph."""
-    return round((graph.plain_storage_scale - 1.0) * graph.node_bytes[buffer])
+    written (see :func:`calibrate`); 0 on an uncalibrated graph.
+
+    A scale below 1 is XLA laying those residuals over gradient slots in the
+    plain program. With ``names_in_slots`` (the prediction, in schedules that
+    save names), the names take those slots (:func:`remat_opt._slots.stored_in_slots`)
+    and the scale counts as 1: the demo GPT's CP-SAT plan at 0.75 of its plain
+    peak (scale 0.96) went from -5.5% to -1.6% of XLA's peak with it, where
+    crediting the names on top of the scale counted those slots twice
+    (jax 0.10.2, XLA:CPU).
+    """
+    scale = max(1.0, graph.plain_storage_scale) if names_in_slots else graph.plain_storage_scale
+    return round((scale - 1.0) * graph.node_bytes[buffer])
 
 
 def calibrate(graph: ProgramGraph, plain_peak_bytes: int) -> ProgramGraph:
@@ -443,7 +454,7 @@ def simulate(graph: ProgramGraph, schedule: Schedule, *, planning: bool = False)
         rematerialized[seg_of[units[u].position]] += remat_bytes(graph, u, kept)
     for b in {graph.buffer[v] for v in range(graph.num_nodes) if materialized(graph, v) and not graph.is_output[v]}:
         if b >= 0 and node_seg[b] in as_written:
-            rematerialized[node_seg[b]] += tail_extra_bytes(graph, b)
+            rematerialized[node_seg[b]] += tail_extra_bytes(graph, b, bool(schedule.saved) and not planning)
     transient = [0] * num_segments
     for u in units:
         j = seg_of[u.position]
@@ -471,13 +482,11 @@ def simulate(graph: ProgramGraph, schedule: Schedule, *, planning: bool = False)
         items = {b: (graph.node_bytes[b], p) for b, p in slot_candidates(graph, slots, crossing - nested_copies).items()}
         in_slots = [slot_credit([items[b] for b in live if b in items], slots) for live in live_buffers]
     else:  # XLA's assignment: any slot as large, once for the whole step; then what is rematerialized
-        # (in schedules that save names, slots of their own size only: larger
-        # ones under-predicted a small GPT's CP-SAT plan by 8.2%, 5.8% without)
-        stored = stored_across_cuts(graph, copies, node_seg, nested_copies)
+        stored = stored_in_slots(graph, copies, node_seg, nested_copies, schedule.saved)
         slot_segments = [seg_of[min(last, graph.num_positions - 1)] for _, last in slots]
         fenced = {j: seg_start[j] for j in range(num_segments) if j not in as_written}
         in_slots = predicted_slot_credit(stored, rematerialized_sizes(graph, recomputed, seg_of, kept),
-                                         live_buffers, slots, slot_segments, fenced, same_size=bool(schedule.saved))
+                                         live_buffers, slots, slot_segments, fenced)
     peaks = [
         base + sum(graph.node_bytes[b] for b in live_buffers[j]) - in_slots[j] + rematerialized[j]
         + relayout_bytes(graph, schedule, seg_of, j, j in as_written) + transient[j]

@@ -9,10 +9,9 @@ model (:func:`remat_opt._memory.simulate`) credits those bytes in two ways:
   stored across cuts, in slots of their own size (:func:`slot_credit`),
   none in schedules that save names;
 * prediction: XLA's own assignment, approximated (:func:`assign_stored_buffers`
-  for values stored across cuts, :func:`best_fit_credit` for what a fenced
-  segment rematerializes), in slots as large or larger; in schedules that
-  save names, of their own size only, free a segment later
-  (:func:`segment_slots`).
+  for values stored across cuts and saved names, :func:`best_fit_credit` for
+  what a fenced segment rematerializes), in slots as large or larger; in
+  schedules that save names, free a segment later (:func:`segment_slots`).
 """
 
 from __future__ import annotations
@@ -126,31 +125,35 @@ class StoredBuffer(NamedTuple):
     first_read: int  # the segment whose backward reads it last (backwards run last segment first)
 
 
-def stored_across_cuts(
-    graph: ProgramGraph, copies: list[tuple[int, int, int, int]], node_seg: list[int], nested: set[int]
+def stored_in_slots(
+    graph: ProgramGraph, copies: list[tuple[int, int, int, int]], node_seg: list[int], nested: set[int],
+    saved: frozenset[int],
 ) -> list[StoredBuffer]:
-    """The top level's buffers stored across a cut (not by a nested level),
-    each with the earliest segment reading it past its own: those the
-    prediction lays over gradient slots.
+    """The top level's stored buffers that the prediction lays over gradient
+    slots, each with the earliest segment whose backward reads it: values
+    stored across a cut (not by a nested level), read first past their own
+    segment, and names ``saved``, read first by their own.
 
-    Not the residuals of code run as written (:func:`remat_opt._memory.calibrate` fits those to
-    XLA's peak for the plain program, slots included), nor saved names:
-    crediting both under-predicted the demo GPT's CP-SAT plans at 0.9 and
-    0.75 of the plain peak by 2.3% and 5.5% (0.7% and 1.3% without), though
-    the zoo U-Net's plans that save 70 names are then over-predicted by up to
-    10.6% (within 3.3% when they are credited).
+    Not the residuals of code run as written: :func:`remat_opt._memory.calibrate`
+    fits those to XLA's peak for the plain program, slots included. Names:
+    in XLA's buffer assignment for the zoo U-Net's CP-SAT plans that save 70
+    names, the names sit in the gradient buffers of its convolutions, which
+    the plain program fills with transposed kernels instead; without them
+    those plans were over-predicted by up to 10.6%, and all 32 U-Net
+    schedules fall within 4.8% with them (jax 0.10.2, XLA:CPU). Code run as
+    written then loses the slots it had in the plain program
+    (:func:`remat_opt._memory.tail_extra_bytes`).
     """
     first_read: dict[int, int] = {}
     for v, level, first, _ in copies:
         b = graph.buffer[v]
-        if level == 0 and first > node_seg[v] and b >= 0 and b not in nested:
+        if level == 0 and (first > node_seg[v] or v in saved) and b >= 0 and b not in nested:
             first_read[b] = min(first_read.get(b, first), first)
     return [StoredBuffer(b, graph.node_bytes[b], graph.position_of(b), first) for b, first in first_read.items()]
 
 
 def assign_stored_buffers(
-    stored: Iterable[StoredBuffer], slots: tuple[tuple[int, int], ...], slot_segments: list[int],
-    same_size: bool = False,
+    stored: Iterable[StoredBuffer], slots: tuple[tuple[int, int], ...], slot_segments: list[int]
 ) -> dict[int, int]:
     """The gradient slot each stored buffer is laid over, as XLA's buffer assigner
     picks it: ``{slot index: buffer}``.
@@ -163,7 +166,6 @@ def assign_stored_buffers(
     input's last reader; in schedules that save names, the end of its segment:
     :func:`segment_slots`) and dead before the gradient is written: the
     slot's segment (``slot_segments``) comes before the buffer's ``first_read``.
-    With ``same_size``, only slots of the buffer's own size.
 
     Measured (jax 0.10.2, XLA:CPU): the zoo U-Net's 32 KiB activations sit in
     the 36 to 192 KiB gradient buffers of its convolutions, which no same-size
@@ -175,14 +177,13 @@ def assign_stored_buffers(
     for item in sorted(stored, key=lambda item: (-item.size, item.position)):
         for k in order:
             size, last = slots[k]
-            fits = size == item.size if same_size else size >= item.size
-            if k not in holder and fits and last < item.position and slot_segments[k] < item.first_read:
+            if k not in holder and size >= item.size and last < item.position and slot_segments[k] < item.first_read:
                 holder[k] = item.buffer
                 break
     return holder
 
 
-def best_fit_credit(sizes: Iterable[int], free: Iterable[tuple[int, int]], same_size: bool = False) -> int:
+def best_fit_credit(sizes: Iterable[int], free: Iterable[tuple[int, int]]) -> int:
     """Bytes of buffers (``sizes``, all live at once) laid over the ``free``
     slots, largest buffer first into the smallest slot it fits, one a slot.
 
@@ -191,14 +192,13 @@ def best_fit_credit(sizes: Iterable[int], free: Iterable[tuple[int, int]], same_
     cut in three segments, the middle segment's recomputed 256 KiB activations
     sit in the unwritten gradient buffers of the first layers' ``w_fc`` and
     ``w_proj``; jax 0.10.2, XLA:CPU). A prediction only, like
-    :func:`assign_stored_buffers`: CP-SAT plans without it. With
-    ``same_size``, only slots of a buffer's own size.
+    :func:`assign_stored_buffers`: CP-SAT plans without it.
     """
     room = sorted(size for size, _ in free)
     credit = 0
     for size in sorted(sizes, reverse=True):
         k = bisect.bisect_left(room, size)
-        if k < len(room) and (room[k] == size or not same_size):
+        if k < len(room):
             del room[k]
             credit += size
     return credit
@@ -206,7 +206,7 @@ def best_fit_credit(sizes: Iterable[int], free: Iterable[tuple[int, int]], same_
 
 def predicted_slot_credit(
     stored: Iterable[StoredBuffer], rematerialized: dict[int, list[int]], live_buffers: list[set[int]],
-    slots: tuple[tuple[int, int], ...], slot_segments: list[int], fenced: dict[int, int], same_size: bool = False,
+    slots: tuple[tuple[int, int], ...], slot_segments: list[int], fenced: dict[int, int],
 ) -> list[int]:
     """Per segment, the bytes XLA lays over gradient slots at its backward (the prediction's credit).
 
@@ -218,10 +218,10 @@ def predicted_slot_credit(
     starts, and holding no buffer live at it (:func:`best_fit_credit`).
     """
     stored = list(stored)
-    holder = assign_stored_buffers(stored, slots, slot_segments, same_size)
+    holder = assign_stored_buffers(stored, slots, slot_segments)
     size = {item.buffer: item.size for item in stored}
     credit = [sum(size[b] for b in holder.values() if b in live) for live in live_buffers]
     for j, start in fenced.items():
         free = [slot for k, slot in enumerate(slots) if slot[1] < start and holder.get(k) not in live_buffers[j]]
-        credit[j] += best_fit_credit(rematerialized.get(j, ()), free, same_size)
+        credit[j] += best_fit_credit(rematerialized.get(j, ()), free)
     return credit
