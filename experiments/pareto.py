@@ -46,10 +46,10 @@ VERDICT = {True: "yes", False: "NO", None: "not run"}
 
 def program_of(spec, plan: remat_opt.Plan, params, batch):
     """The program a baseline plan measured, rebuilt to time it."""
-    from remat_opt._policies import layer_policy_program, policy_program
     from remat_opt._graph import build_graph
     from remat_opt._measure import abstract
     from remat_opt._optimize import apply_schedule
+    from remat_opt._policies import layer_policy_program, policy_program
     from remat_opt._trace import trace
 
     kind, _, policy = plan.strategy.partition("/")

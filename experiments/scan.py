@@ -32,7 +32,6 @@ from remat_opt.zoo import gpt
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, MiB, command, grad_error_over_tolerance, stamp, write_csv  # noqa: E402
 
-
 # A quick run tries the body as written and under these two policies only.
 QUICK_POLICIES = ("nothing_saveable", "dots_saveable")
 

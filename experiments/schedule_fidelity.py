@@ -32,10 +32,11 @@ from common import RESULTS, command, read_csv, stamp, write_csv  # noqa: E402
 import remat_opt  # noqa: E402
 from remat_opt._chen import chen_greedy_candidates, chen_sqrt_n_schedule  # noqa: E402
 from remat_opt._graph import ProgramGraph  # noqa: E402
-from remat_opt._memory import Schedule, simulate  # noqa: E402
+from remat_opt._memory import simulate  # noqa: E402
 from remat_opt._nesting import revolve_schedules  # noqa: E402
 from remat_opt._optimize import apply_schedule  # noqa: E402
 from remat_opt._reference import Reference, reference  # noqa: E402
+from remat_opt._schedule import Schedule  # noqa: E402
 from remat_opt.zoo import MODELS  # noqa: E402
 
 CSV = RESULTS / "schedule_fidelity.csv"

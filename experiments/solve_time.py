@@ -42,7 +42,8 @@ from remat_opt._checkmate import from_program_graph, simulate_stages, solve_chec
 from remat_opt._errors import InfeasibleBudgetError
 from remat_opt._graph import build_graph
 from remat_opt._measure import abstract
-from remat_opt._memory import Schedule, simulate
+from remat_opt._memory import simulate
+from remat_opt._schedule import Schedule
 from remat_opt._solve import SolverOptions, min_peak_schedule, solve
 from remat_opt._trace import trace
 from remat_opt.zoo import MODELS, GPTConfig, MLPConfig

@@ -9,12 +9,12 @@ import pytest
 
 import remat_opt
 from remat_opt import Schedule, peak_bytes
-from remat_opt._policies import POLICIES
 from remat_opt._chen import articulation_positions, chen_greedy_schedule, chen_sqrt_n_schedule
 from remat_opt._graph import build_graph
 from remat_opt._measure import gradient_flops, memory_of
 from remat_opt._memory import calibrate, simulate
 from remat_opt._optimize import apply_schedule
+from remat_opt._policies import POLICIES
 from remat_opt._trace import trace
 from remat_opt.zoo import MODELS, GPTConfig, UNetConfig
 

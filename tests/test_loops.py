@@ -11,8 +11,9 @@ from jax import lax
 import remat_opt
 from remat_opt._graph import build_graph
 from remat_opt._loops import LoopPlan, loop_candidates, loop_program, scan_lengths
-from remat_opt._memory import Schedule, calibrate, simulate
+from remat_opt._memory import calibrate, simulate
 from remat_opt._optimize import with_signature
+from remat_opt._schedule import Schedule
 from remat_opt._trace import trace
 
 LAYERS, WIDTH, BATCH = 6, 32, 128

@@ -21,8 +21,9 @@ import pytest
 from remat_opt import peak_bytes
 from remat_opt._chen import chen_sqrt_n_schedule
 from remat_opt._graph import build_graph
-from remat_opt._memory import Schedule, calibrate, simulate
+from remat_opt._memory import calibrate, simulate
 from remat_opt._optimize import apply_schedule
+from remat_opt._schedule import Schedule
 from remat_opt._trace import trace
 
 pytestmark = pytest.mark.skipif(

@@ -10,9 +10,10 @@ import remat_opt
 from remat_opt import Schedule
 from remat_opt._graph import build_graph
 from remat_opt._measure import gradient_flops
-from remat_opt._memory import calibrate, nested_ranges, simulate
+from remat_opt._memory import calibrate, simulate
 from remat_opt._nesting import MAX_DEPTH, chain_trees, nested_candidates, revolve_schedule
 from remat_opt._optimize import apply_schedule
+from remat_opt._schedule import nested_ranges
 from remat_opt._trace import trace
 from remat_opt.zoo import MODELS, MLPConfig
 

@@ -13,7 +13,6 @@ from remat_opt._memory import calibrate, simulate
 from remat_opt._trace import trace
 
 
-
 def max_abs_diff(a, b):
     pairs = zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b))
     return max(float(jnp.max(jnp.abs(x - y))) for x, y in pairs)

@@ -129,8 +129,8 @@ def test_a_cut_just_before_a_cond_keeps_its_index_integer():
         return jnp.mean(mlp(ws[2:], h) ** 2)
 
     from remat_opt._graph import build_graph
-    from remat_opt._memory import Schedule
     from remat_opt._optimize import apply_schedule
+    from remat_opt._schedule import Schedule
 
     ws, x = weights(4), inputs()
     graph = build_graph(trace(loss, (ws, x), {}, (0,)))

@@ -18,7 +18,13 @@ from remat_opt._slots import (
     slot_credit,
     stored_in_slots,
 )
-from remat_opt._solve import SolverOptions, cut_candidates, min_peak_schedule, save_candidates, solve
+from remat_opt._solve import (
+    SolverOptions,
+    cut_candidates,
+    min_peak_schedule,
+    save_candidates,
+    solve,
+)
 from remat_opt._trace import trace
 
 

@@ -9,9 +9,9 @@ same :class:`Plan`, measured the same way.
 """
 
 from ._baselines import all_baselines as all_baselines
+from ._baselines import checkpoint_policy as checkpoint_policy
 from ._baselines import chen_greedy as chen_greedy
 from ._baselines import chen_sqrt_n as chen_sqrt_n
-from ._baselines import checkpoint_policy as checkpoint_policy
 from ._baselines import layer_checkpoint_policy as layer_checkpoint_policy
 from ._baselines import megatron_selective as megatron_selective
 from ._baselines import no_remat as no_remat
@@ -26,11 +26,11 @@ from ._errors import InvalidBudgetTypeError as InvalidBudgetTypeError
 from ._errors import RematOptError as RematOptError
 from ._errors import UnsupportedProgramError as UnsupportedProgramError
 from ._measure import peak_bytes as peak_bytes
-from ._memory import Schedule as Schedule
 from ._optimize import OptimizedFunction as OptimizedFunction
 from ._optimize import optimize as optimize
 from ._plan import Plan as Plan
 from ._policies import POLICIES as POLICIES
+from ._schedule import Schedule as Schedule
 from ._solve import SolverOptions as SolverOptions
 
 __all__ = [

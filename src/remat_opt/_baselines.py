@@ -40,13 +40,14 @@ from dataclasses import replace
 from typing import Any
 
 from ._chen import chen_greedy_candidates, chen_sqrt_n_schedule
-from ._nesting import MAX_DEPTH, chain_steps, revolve_schedule, revolve_schedules
 from ._cost import CostModel
-from ._memory import Schedule, simulate
+from ._memory import simulate
+from ._nesting import MAX_DEPTH, chain_steps, revolve_schedule, revolve_schedules
 from ._optimize import apply_schedule
 from ._plan import Plan
 from ._policies import POLICIES, layer_policy_program, policy_program
 from ._reference import Reference, policy_plan, reference, schedule_plan
+from ._schedule import Schedule
 
 
 def _check_positive(argument: str, value: object, *, allow_none: bool = False) -> None:

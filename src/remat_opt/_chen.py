@@ -14,7 +14,8 @@ from __future__ import annotations
 import math
 
 from ._graph import ProgramGraph
-from ._memory import Schedule, materialized
+from ._memory import materialized
+from ._schedule import Schedule
 
 
 def articulation_positions(graph: ProgramGraph) -> tuple[int, ...]:

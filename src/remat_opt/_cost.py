@@ -31,12 +31,11 @@ Example:
 from __future__ import annotations
 
 import math
-
-import jax.numpy as jnp
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+import jax.numpy as jnp
 from jax.extend import source_info_util
 from jax.extend.core import ClosedJaxpr, InconclusiveDimensionOperation, Jaxpr, JaxprEqn
 from jax.extend.core import jaxprs_in_params as _jaxprs_in_params

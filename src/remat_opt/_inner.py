@@ -52,7 +52,8 @@ def iteration_backward_bytes(eqn: core.JaxprEqn, tangent_in: list[bool]) -> int:
         tangent_in: per operand of ``eqn``, whether it carries a tangent.
     """
     from ._graph import build_graph  # which calls with_inner_bytes: nested loops recurse
-    from ._memory import Schedule, simulate
+    from ._memory import simulate
+    from ._schedule import Schedule
 
     body: core.ClosedJaxpr = eqn.params["jaxpr"]
     avals = [v.aval for v in body.jaxpr.invars]

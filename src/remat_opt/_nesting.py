@@ -39,7 +39,7 @@ from itertools import accumulate
 
 from ._chen import articulation_positions
 from ._graph import ProgramGraph
-from ._memory import Schedule
+from ._schedule import Schedule
 
 _INF = math.inf
 

@@ -32,10 +32,11 @@ from ._errors import InfeasibleBudgetError
 from ._graph import ProgramGraph, build_graph
 from ._loops import loop_candidates, loop_program, scan_lengths
 from ._measure import abstract, gradient_flops, peak_bytes
-from ._memory import Schedule, Simulation, calibrate, simulate
+from ._memory import calibrate, simulate
 from ._nesting import nested_candidates
 from ._plan import Plan
 from ._rewrite import rewrite
+from ._schedule import Schedule, Simulation
 from ._solve import SolverOptions, low_memory_schedules, min_peak_schedule, solve
 from ._static import Static, split
 from ._trace import TracedProgram, normalize_argnums, trace

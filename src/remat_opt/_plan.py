@@ -8,7 +8,7 @@ import networkx as nx
 
 from ._budget import format_bytes
 from ._loops import LoopPlan
-from ._memory import Schedule
+from ._schedule import Schedule
 
 
 @dataclass(frozen=True)

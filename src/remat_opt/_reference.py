@@ -19,9 +19,10 @@ from ._budget import parse_bytes
 from ._cost import CostModel
 from ._graph import ProgramGraph, build_graph
 from ._measure import abstract, gradient_flops, peak_bytes
-from ._memory import Schedule, calibrate, simulate
+from ._memory import calibrate, simulate
 from ._optimize import annotate, apply_schedule
 from ._plan import Plan
+from ._schedule import Schedule
 from ._trace import normalize_argnums, trace
 
 STATUS = "BASELINE"

@@ -29,8 +29,8 @@ from jax import lax
 from jax._src import core
 
 from ._graph import ProgramGraph
-from ._memory import Schedule
 from ._names import eval_named, is_nameable, value_name
+from ._schedule import Schedule
 from ._trace import read_atom
 
 

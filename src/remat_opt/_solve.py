@@ -39,7 +39,6 @@ from ._chen import chen_schedules
 from ._errors import InfeasibleBudgetError
 from ._graph import ProgramGraph
 from ._memory import (
-    Schedule,
     boundary_cotangent_bytes,
     kept_buffers,
     materialized,
@@ -49,6 +48,7 @@ from ._memory import (
     tail_extra_bytes,
     transient_bytes,
 )
+from ._schedule import Schedule
 from ._slots import gradient_slots, slot_candidates, slot_reads
 
 
