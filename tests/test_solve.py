@@ -205,6 +205,6 @@ def test_schedules_that_save_names_free_a_slot_from_the_next_segment():
     graph = _graph(fn, ws, x)
     without = dataclasses.replace(graph, input_readers=tuple(() for _ in graph.input_readers))  # no slots
     credit = lambda s: simulate(without, s).peak_bytes - simulate(graph, s).peak_bytes  # noqa: E731
-    named = [s for s in _all_schedules(graph) if s.saved and s.cuts]
+    named = [s for s in _all_schedules(graph) if s.saved and s.cuts][::8]  # 1 in 8 of 2**14: seconds, not 22
     assert max(credit(s) for s in named) > 0 and min(credit(s) for s in named) == 0
     assert all(simulate(without, s).peak_bytes == simulate(graph, s, planning=True).peak_bytes for s in named)
