@@ -56,6 +56,7 @@ class Simulation:
 
 
 def segment_of_positions(num_positions: int, cuts: frozenset[int]) -> tuple[int, ...]:
+    """Per position, the index of the segment it falls in (a cut starts a new one)."""
     seg, out = 0, []
     for p in range(num_positions):
         if p in cuts and p > 0:
