@@ -65,7 +65,7 @@ before an elementwise op whose input then crosses costs one activation
 more than modelled. The model has no forward peak: where XLA defers a
 residual stream's adds into late fusions, it holds their branch outputs
 through the forward and peaks there (a small GPT's CP-SAT plan that saves
-38 names, -7.1%).
+38 names, -7.1%; the zoo GPT's at 41.90 MiB, 111 names, -8.9%).
 
 Nested schedules (:attr:`Schedule.nested`, built by :mod:`remat_opt._nesting`)
 follow the same rules on the segments of every level at once: a nested
