@@ -62,10 +62,13 @@ of its plain peak) .. +6.3% (Chen's greedy on the GPT: XLA writes an MLP's cotan
 recomputed input it no longer needs, where the model adds it on top;
 charging that under-predicted four other schedules by 5-6%). A cut just
 before an elementwise op whose input then crosses costs one activation
-more than modelled. The model has no forward peak: where XLA defers a
-residual stream's adds into late fusions, it holds their branch outputs
-through the forward and peaks there (a small GPT's CP-SAT plan that saves
-38 names, -7.1%; the zoo GPT's at 41.90 MiB, 111 names, -8.9%).
+more than modelled. The model has no forward peak, where XLA can peak in
+plans that save names: it defers a residual stream's adds into late
+fusions that keep their branch outputs alive, and holds a saved name twice
+while its forward readers run (the copy from ``jax.checkpoint``'s
+``reduce_precision`` identity): a small GPT's CP-SAT plan that saves 38
+names, -7.1%; the zoo GPT's at 41.90 MiB, 111 names, -8.9% (its peak is
+the last MLP's forward).
 
 Nested schedules (:attr:`Schedule.nested`, built by :mod:`remat_opt._nesting`)
 follow the same rules on the segments of every level at once: a nested
