@@ -185,8 +185,8 @@ class OptimizedFunction:
                                            loop_ceiling)
         except InfeasibleBudgetError as err:
             planned, infeasible = None, err
-        ceilings = [p[0].measured_recompute_flops for p in (planned,) if p is not None]
-        ceiling = min([*ceilings, loop_ceiling] if loop_ceiling is not None else ceilings, default=None)
+        planned_flops = planned[0].measured_recompute_flops if planned is not None else None
+        ceiling = min((c for c in (planned_flops, loop_ceiling) if c is not None), default=None)
         other, lowest_other = self._measured_schedules(graph, budget, ceiling, measure, args, kwargs, nums,
                                                        baseline_flops, plain_peak)
         # The fewest recomputed FLOPs wins; on a tie, CP-SAT's schedule, then the others.
@@ -342,15 +342,16 @@ class OptimizedFunction:
             started = time.perf_counter()
             lowest = min_peak_schedule(graph, self.solver_options)
             solve_seconds += time.perf_counter() - started
-        candidates = low_memory_schedules(graph, lowest, self.FALLBACK_CANDIDATES)
+        flops = {c: simulate(graph, c).recompute_flops
+                 for c in low_memory_schedules(graph, lowest, self.FALLBACK_CANDIDATES)}
         if ceiling_flops is not None:
-            candidates = [c for c in candidates if simulate(graph, c).recompute_flops < ceiling_flops]
-            if not candidates:
+            flops = {c: f for c, f in flops.items() if f < ceiling_flops}
+            if not flops:
                 return None
         tried = []
-        for candidate in candidates:
+        for candidate, candidate_flops in flops.items():
             program = apply_schedule(self.fn, graph, candidate)
-            tried.append((measure(program), simulate(graph, candidate).recompute_flops, candidate, program))
+            tried.append((measure(program), candidate_flops, candidate, program))
         fitting = [t for t in tried if t[0] <= budget]
         if not fitting:
             measured, _, schedule, _ = min(tried, key=lambda t: t[:2])
