@@ -62,13 +62,20 @@ of its plain peak) .. +6.3% (Chen's greedy on the GPT: XLA writes an MLP's cotan
 recomputed input it no longer needs, where the model adds it on top;
 charging that under-predicted four other schedules by 5-6%). A cut just
 before an elementwise op whose input then crosses costs one activation
-more than modelled. The model has no forward peak, where XLA can peak in
-plans that save names: it defers a residual stream's adds into late
-fusions that keep their branch outputs alive, and holds a saved name twice
-while its forward readers run (the copy from ``jax.checkpoint``'s
-``reduce_precision`` identity): a small GPT's CP-SAT plan that saves 38
-names, -7.1%; the zoo GPT's at 41.90 MiB, 111 names, -8.9% (its peak is
-the last MLP's forward).
+more than modelled. The model has no forward peak, where XLA can peak: its
+fusions recompute a residual stream from the branch outputs added into it
+(``x0 + d1 + d2 + ...``) instead of reading the stream, so every branch
+output stays live until the last such fusion. In the zoo GPT's CP-SAT plan
+at a 41.90 MiB budget (111 names, measured 40.92 MiB, -8.9%), all 16
+attention and MLP output projections and the embedding are live at the
+last MLP's forward; counting them (and chains through stored values) puts
+that plan and the one at 53.48 MiB within 0.3%. Where XLA ends such a chain
+is its fusion pass's choice, not the graph's: in Chen's sqrt(n) plan of the
+same model it ends at two of its 26 boundaries. Charging whole chains
+over-predicted four of Chen's segmentations and one greedy candidate by
+7.7-9.3%, and four other named plans by 5.3-8.0% (jax 0.10.2, XLA:CPU). XLA:CPU's instruction fusion refuses a producer once the fusion
+would emit it more than 15 times (``FusionNodeIndexingEvaluation``), a
+count over the fused HLO; the likely place a chain ends, not yet checked.
 
 Nested schedules (:attr:`Schedule.nested`, built by :mod:`remat_opt._nesting`)
 follow the same rules on the segments of every level at once: a nested
