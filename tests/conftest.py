@@ -10,8 +10,8 @@ import pytest
 
 from remat_opt.zoo import MODELS, GPTConfig
 
-# One run's XLA compilations, cached on disk for the rest of the run (and for the
-# experiment scripts it starts, through the environment): tests measure the same
+# One run's XLA compilations (per xdist worker), cached on disk for the rest of the run
+# (and for the experiment scripts it starts, through the environment): tests measure the same
 # programs many times over, and compiling them is most of the suite's time. A
 # cached executable is the one compiled (memory_analysis() reads the same); the
 # folder is new every run, so nothing carries over from another jax or remat_opt.
