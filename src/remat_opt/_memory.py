@@ -73,9 +73,10 @@ that plan and the one at 53.48 MiB within 0.3%. Where XLA ends such a chain
 is its fusion pass's choice, not the graph's: in Chen's sqrt(n) plan of the
 same model it ends at two of its 26 boundaries. Charging whole chains
 over-predicted four of Chen's segmentations and one greedy candidate by
-7.7-9.3%, and four other named plans by 5.3-8.0% (jax 0.10.2, XLA:CPU). XLA:CPU's instruction fusion refuses a producer once the fusion
-would emit it more than 15 times (``FusionNodeIndexingEvaluation``), a
-count over the fused HLO; the likely place a chain ends, not yet checked.
+7.7-9.3%, and four other named plans by 5.3-8.0% (jax 0.10.2, XLA:CPU).
+XLA:CPU's instruction fusion refuses a producer once the fusion would emit
+it more than 15 times (``FusionNodeIndexingEvaluation``), a count over the
+fused HLO: the likely place a chain ends, not yet checked.
 
 Nested schedules (:attr:`Schedule.nested`, built by :mod:`remat_opt._nesting`)
 follow the same rules on the segments of every level at once: a nested
