@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     header = f"{stamp()}\nreproduce: {command()}"
     print(header, flush=True)
     m = _models(args.layers, args.d_model)
-    options = (remat_opt.SolverOptions(time_limit_s=20, deterministic_time_limit=1.0, num_workers=2)
+    options = (remat_opt.SolverOptions(time_limit_s=60, deterministic_time_limit=1.0, num_workers=2)
                if args.quick else remat_opt.SolverOptions())
 
     rows, table = [], []

@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     names = list(QUICK_CONFIGS) if args.quick else args.models.split(",")
     budgets = 2 if args.quick else args.budgets
     policies = QUICK_POLICIES if args.quick else tuple(remat_opt.POLICIES)
-    options = remat_opt.SolverOptions(time_limit_s=10 if args.quick else args.time_limit,
+    options = remat_opt.SolverOptions(time_limit_s=60 if args.quick else args.time_limit,
                                       deterministic_time_limit=1 if args.quick else 10.0,
                                       num_workers=2 if args.quick else 8)
     header = f"{stamp()}\nreproduce: {command()}"

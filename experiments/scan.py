@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.quick:
         config = gpt.GPTConfig(num_layers=args.layers, d_model=32, seq_len=32, batch=2, vocab=64)
-        options = remat_opt.SolverOptions(time_limit_s=20, deterministic_time_limit=1.0, num_workers=2)
+        options = remat_opt.SolverOptions(time_limit_s=60, deterministic_time_limit=1.0, num_workers=2)
     else:
         config = gpt.GPTConfig(num_layers=args.layers)
         options = remat_opt.SolverOptions()

@@ -29,7 +29,7 @@ from remat_opt import InfeasibleBudgetError, UnsupportedProgramError, peak_bytes
 from remat_opt._measure import memory_of
 from remat_opt._trace import trace
 
-FAST = remat_opt.SolverOptions(time_limit_s=10.0, deterministic_time_limit=1.0, num_workers=2)
+FAST = remat_opt.SolverOptions(time_limit_s=60.0, deterministic_time_limit=1.0, num_workers=2)
 ATTEMPTS = 2  # these tests are about program constructs, not about the retry loop
 WIDTH, BATCH = 32, 256
 
