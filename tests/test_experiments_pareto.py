@@ -1,0 +1,26 @@
+"""``experiments/pareto.py --quick``, then ``fidelity.py`` on its output, run as a user would.
+
+A file of its own: the longest experiment test, which pytest-xdist (a file to a
+worker) then runs beside the other experiment tests instead of after them.
+"""
+
+from experiment_scripts import read_rows, run_script
+
+
+def test_pareto_and_fidelity_quick(tmp_path):
+    out = run_script("pareto.py", "--quick", "--out", str(tmp_path))
+    assert "reproduce: python" in out and "jax " in out
+    rows = read_rows(tmp_path / "pareto.csv")
+    assert {r["model"] for r in rows} == {"mlp", "gpt"}
+    ours = [r for r in rows if r["strategy"] == "remat_opt" and not r["error"]]
+    assert ours, "remat_opt produced no plan"
+    for r in ours:  # every plan remat_opt returned fits its budget on XLA
+        assert int(r["measured_peak_bytes"]) <= int(r["budget_bytes"])
+    assert any(r["kind"] == "baseline" and r["strategy"] == "chen_greedy" for r in rows)
+    assert (tmp_path / "pareto.png").stat().st_size > 0
+    assert read_rows(tmp_path / "pareto_dominance.csv")
+
+    report = run_script("fidelity.py", "--csv", str(tmp_path / "pareto.csv"))
+    assert "max |relative error|" in report
+    points = read_rows(tmp_path / "fidelity.csv")
+    assert len(points) >= len(ours)
