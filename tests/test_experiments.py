@@ -36,7 +36,7 @@ def test_deep_chain_quick(tmp_path):
     # A 16-layer chain: Chen, Revolve and remat_opt at remat_opt's lowest budget and each
     # baseline's peak; the script exits non-zero if remat_opt misses a budget or loses.
     out = run_script("deep_chain.py", "--depth", "16", "--width", "64", "--batch", "256", "--quick",
-               "--out", str(tmp_path))
+                     "--out", str(tmp_path))
     assert "every budget met; at each baseline's peak remat_opt recomputes no more" in out
     strategies = {r["strategy"] for r in read_rows(tmp_path / "deep_chain.csv")}
     assert strategies == {"chen_sqrt_n", "chen_greedy", "revolve", "remat_opt"}

@@ -6,25 +6,16 @@ is checked here against the baselines' (no_remat and Chen's sqrt(n)), which
 are measured independently of its solver.
 """
 
-import csv
-import subprocess
-import sys
-from pathlib import Path
-
-SCRIPT = Path(__file__).resolve().parents[1] / "experiments" / "batch_size.py"
+from experiment_scripts import read_rows, run_script
 
 
 def test_batch_size_quick(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--quick", "--out", str(tmp_path)],
-        capture_output=True, text=True, timeout=600,  # about a minute on two idle cores
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "Reproduce: python experiments/batch_size.py --quick" in proc.stdout
+    # About a minute on two idle cores.
+    out = run_script("batch_size.py", "--quick", "--out", str(tmp_path))
+    assert "Reproduce: python experiments/batch_size.py --quick" in out
 
-    with (tmp_path / "batch_size.quick.csv").open() as f:
-        rows = list(csv.DictReader(f))
-    assert rows, proc.stdout
+    rows = read_rows(tmp_path / "batch_size.quick.csv")
+    assert rows, out
     assert (tmp_path / "batch_size.quick.png").stat().st_size > 0
     assert (tmp_path / "batch_size.quick.probes.csv").stat().st_size > 0
     assert all(r["jax_version"] and r["machine"] for r in rows)

@@ -143,8 +143,8 @@ def stored_in_slots(
     schedules fall within 4.8% with them (jax 0.10.2, XLA:CPU). Code run as
     written then loses the slots it had in the plain program
     (:func:`remat_opt._memory.tail_extra_bytes`). The GPT's CP-SAT plans for
-    budgets of 41.90 and 53.48 MiB, whose XLA peak is in the forward, which the model
-    does not simulate, went from -4.1% and -2.6% to -8.9% and -5.9%.
+    budgets of 41.90 and 53.48 MiB, whose XLA peak is in the forward, which
+    the model does not simulate, went from -4.1% and -2.6% to -8.9% and -5.9%.
     """
     first_read: dict[int, int] = {}
     for v, level, first, _ in copies:
