@@ -74,9 +74,13 @@ is its fusion pass's choice, not the graph's: in Chen's sqrt(n) plan of the
 same model it ends at two of its 26 boundaries. Charging whole chains
 over-predicted four of Chen's segmentations and one greedy candidate by
 7.7-9.3%, and four other named plans by 5.3-8.0% (jax 0.10.2, XLA:CPU).
-XLA:CPU's instruction fusion refuses a producer once the fusion would emit
-it more than 15 times (``FusionNodeIndexingEvaluation``), a count over the
-fused HLO: the likely place a chain ends, not yet checked.
+XLA's fusion log shows what ends a chain: not its 15-copy duplication cap
+but its rule that a value with more than one full-size operand is computed
+once when a direct reader cannot fuse it (a backward conditional reading
+it raw). Whether a residual reaches the conditional raw or through the
+``reduce_precision`` ``jax.checkpoint`` puts on residuals its segment also
+reads, and what XLA's passes leave of that, the schedule does not tell
+(Chen's plan: 16 raw stream adds in the HLO JAX emits, 4 computed once).
 
 Nested schedules (:attr:`Schedule.nested`, built by :mod:`remat_opt._nesting`)
 follow the same rules on the segments of every level at once: a nested
