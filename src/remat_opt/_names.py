@@ -25,11 +25,18 @@ from ._trace import eval_eqn, read_atom
 
 _SCOPE = "remat_opt_eqn"
 _SCOPE_RE = re.compile(rf"{_SCOPE}(\d+)")
+_VALUE_NAME_RE = re.compile(r"remat_opt/(\d+)/(\d+)")
 
 
 def value_name(eqn_index: int, out_index: int) -> str:
     """The checkpoint name of output ``out_index`` of primal equation ``eqn_index``."""
     return f"remat_opt/{eqn_index}/{out_index}"
+
+
+def parse_value_name(name: str) -> tuple[int, int] | None:
+    """``(eqn_index, out_index)`` of a :func:`value_name`; ``None`` for any other name."""
+    found = _VALUE_NAME_RE.fullmatch(name)
+    return (int(found[1]), int(found[2])) if found else None
 
 
 def eqn_index_of(name_stack: object) -> int | None:
@@ -47,12 +54,15 @@ Evaluator = Callable[[core.JaxprEqn, Sequence[Any]], list[Any]]
 
 
 def eval_named(
-    jaxpr: core.Jaxpr, env: dict, start: int, stop: int, evaluate: Evaluator = eval_eqn
+    jaxpr: core.Jaxpr, env: dict, start: int, stop: int, evaluate: Evaluator = eval_eqn,
+    wrap: Callable[[int, int, Any], Any] | None = None,
 ) -> None:
     """Evaluates primal equations ``start:stop`` into ``env``, scoped and named.
 
     ``evaluate`` binds one equation (:func:`remat_opt._trace.eval_eqn`); the
     graph passes one that spells out what XLA does inside an equation.
+    ``wrap(i, k, value)``, if given, replaces each floating output before it
+    is named (the rewriter's :func:`remat_opt._once.computed_once`).
     """
     for i in range(start, stop):
         eqn = jaxpr.eqns[i]
@@ -60,7 +70,8 @@ def eval_named(
         with jax.named_scope(f"{_SCOPE}{i}"):
             outs = evaluate(eqn, invals)
             outs = [
-                checkpoint_name(o, value_name(i, k)) if is_nameable(v.aval) else o
+                checkpoint_name(o if wrap is None else wrap(i, k, o), value_name(i, k))
+                if is_nameable(v.aval) else o
                 for k, (v, o) in enumerate(zip(eqn.outvars, outs))
             ]
         env.update(zip(eqn.outvars, outs))

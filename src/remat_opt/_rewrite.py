@@ -15,6 +15,11 @@ recomputation into the forward and the scheduler hoists it (FINDINGS §1, jax
 cannot start before that predicate exists, so the recomputation stays in the
 backward pass where the plan put it (FINDINGS §2). Both branches compute the
 same, exact gradient, so correctness never depends on the predicate's value.
+
+On request (``compute_saved_once``), in a plan that saves names, the stored
+values XLA would rebuild in every reader from the operands they were computed
+from (a residual stream) go through :func:`remat_opt._once.computed_once`, so
+XLA computes them once and frees those operands where the plan says.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from jax._src import core
 
 from ._graph import ProgramGraph
 from ._names import eval_named, is_nameable, value_name
+from ._once import computed_once, once_values
 from ._schedule import Schedule
 from ._trace import read_atom
 
@@ -157,11 +163,22 @@ def segments_of(graph: ProgramGraph, schedule: Schedule, start: int = 0, stop: i
     return tuple(segments)
 
 
-def rewrite(graph: ProgramGraph, schedule: Schedule) -> Callable[..., list[Any]]:
-    """The program of ``graph`` under ``schedule``, as a function of flat inputs."""
+def rewrite(
+    graph: ProgramGraph, schedule: Schedule, *, compute_saved_once: bool = False
+) -> Callable[..., list[Any]]:
+    """The program of ``graph`` under ``schedule``, as a function of flat inputs.
+
+    With ``compute_saved_once``, the values :func:`remat_opt._once.once_values`
+    lists go through :func:`remat_opt._once.computed_once`.
+    """
     closed = graph.traced.jaxpr
     jaxpr = closed.jaxpr
-    run = _level(graph, schedule, 0, len(jaxpr.eqns))
+    once = once_values(graph, schedule) if compute_saved_once else frozenset()
+
+    def wrap(i: int, k: int, value: Any) -> Any:
+        return computed_once(value) if (i, k) in once else value
+
+    run = _level(graph, schedule, 0, len(jaxpr.eqns), wrap if once else None)
 
     def program(*flat_args: Any) -> list[Any]:
         env: dict = dict(zip(jaxpr.constvars, closed.consts))
@@ -172,7 +189,10 @@ def rewrite(graph: ProgramGraph, schedule: Schedule) -> Callable[..., list[Any]]
     return program
 
 
-def _level(graph: ProgramGraph, schedule: Schedule, start: int, stop: int) -> Callable[[dict], None]:
+def _level(
+    graph: ProgramGraph, schedule: Schedule, start: int, stop: int,
+    wrap: Callable[[int, int, Any], Any] | None = None,
+) -> Callable[[dict], None]:
     """Equations ``start:stop`` under one level of ``schedule``, evaluated into an environment.
 
     Every segment but the last is a fenced checkpoint; a nested segment's
@@ -192,7 +212,7 @@ def _level(graph: ProgramGraph, schedule: Schedule, start: int, stop: int) -> Ca
         def run(*vals: Any) -> tuple[Any, ...]:
             env = dict(zip(seg.inputs, vals))
             if inner is None:
-                eval_named(jaxpr, env, seg.start, seg.stop)
+                eval_named(jaxpr, env, seg.start, seg.stop, wrap=wrap)
             else:
                 inner(env)
             return tuple(env[v] for v in seg.outputs)

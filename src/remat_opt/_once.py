@@ -1,0 +1,116 @@
+"""Stored values XLA:CPU must compute once: a conditional it cannot fuse reads each.
+
+XLA's fusion pass duplicates cheap elementwise work into every reader, and it
+decides per value whether it may (``InstructionFusion::ComputeGloballyUnfusible``):
+a value computed from more than one full-size operand is duplicated unless one
+of its direct readers cannot fuse it. A residual stream ``x1 = x0 + d1``,
+``x2 = x1 + d2``, ... is such a chain. Where a plan saves names, ``jax.checkpoint``
+hands its residuals to the backward through a one-operand ``reduce_precision``,
+which XLA may duplicate too, so XLA rebuilds each stored stream value from the
+branch outputs added into it (``x0 + d1 + d2 + ...``) in every fusion that
+reads it, and keeps every branch output live until the last such fusion:
+memory the plan never asked for (jax 0.10.2: the 16 attention and MLP output
+projections of the zoo GPT, 4 MiB at its forward peak).
+
+:func:`computed_once` gives such a value a reader XLA cannot fuse: a
+``lax.cond`` on a predicate it cannot fold whose branches return the value
+(one through an exact bitwise copy XLA does not simplify away, so the
+conditional survives; with two identity branches XLA removes it). XLA then computes the value once, its readers read
+that buffer, and the branch outputs die where the plan says. The backward of
+:func:`computed_once` is the identity.
+
+Measured (jax 0.10.2, XLA:CPU), XLA's peak with the stored values computed
+once against without, on the plans that save names of
+``experiments/schedule_fidelity.py``: the zoo GPT's eleven -7.1..0.0% (the
+CP-SAT plans at 30.32 and 53.48 MiB budgets -7.1% and -5.3%), the U-Net's
+eight -3.8..+0.1%, the ResNet's two +0.1%; the GPT's Pareto plans at the
+41.90 and 53.48 MiB budgets 40.92 -> 36.44 and 52.56 -> 49.57 MiB. Where a
+plan saves no names (Chen's segmentations, Revolve) the same readers cost
+memory instead (Chen's sqrt(n) GPT +1.3%, the MLP's Revolve tree +7.7%), so
+such plans get none (:func:`once_values`). The memory model does not know
+these readers: it predicts the GPT's named plans -5.0..+7.0% off with them
+(-5.0..+3.2% without), hence an option of the rewriter
+(``optimize(..., compute_saved_once=True)``), off by default.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from ._graph import ProgramGraph
+from ._memory import materialized
+from ._names import parse_value_name
+from ._schedule import Schedule, segment_of_positions
+
+# Elementwise primitives of more than one operand: XLA duplicates their result
+# into its readers unless a reader cannot fuse it.
+MULTI_OPERAND_ELEMENTWISE = frozenset({
+    "add", "add_any", "sub", "mul", "div", "max", "min", "pow", "atan2", "rem", "nextafter",
+    "select_n", "clamp",
+})
+
+
+def _exact_copy(x: jax.Array) -> jax.Array:
+    """``x``, bit for bit, by a route XLA does not simplify away: its bits
+    XOR-ed twice with a value known only at run time (integer work, so no
+    flushing of subnormals either)."""
+    bits = lax.bitcast_convert_type(x, jnp.dtype(f"uint{8 * x.dtype.itemsize}"))
+    key = jnp.ravel(bits)[0]
+    return lax.bitcast_convert_type((bits ^ key) ^ key, x.dtype)
+
+
+@jax.custom_vjp
+def computed_once(x: jax.Array) -> jax.Array:
+    """``x``, read by a conditional XLA:CPU cannot fuse, so XLA computes ``x`` once.
+
+    Args:
+        x: a floating-point array.
+
+    Returns:
+        ``x`` (the same values; its cotangent passes through unchanged).
+    """
+    first = jnp.ravel(x)[0]
+    return lax.cond(first == first, lambda y: y, _exact_copy, x)
+
+
+computed_once.defvjp(lambda x: (computed_once(x), None), lambda _, ct: (ct,))
+
+
+def _producer_duplicable(graph: ProgramGraph, node: int) -> bool:
+    """Whether XLA may duplicate ``node``'s producer: an elementwise op whose
+    distinct operands hold more elements than its result."""
+    unit = graph.units[graph.node_unit[node]]
+    if unit.primitive not in MULTI_OPERAND_ELEMENTWISE or not graph.node_bytes[node]:
+        return False
+    if "float" not in graph.node_dtype[node]:  # real floating point only (bfloat16 included)
+        return False
+    operands = {graph.buffer[w] for w in unit.inputs if graph.buffer[w] >= 0}
+    return sum(graph.node_bytes[w] for w in operands) > graph.node_bytes[node]
+
+
+def once_values(graph: ProgramGraph, schedule: Schedule) -> frozenset[tuple[int, int]]:
+    """The primal outputs ``(equation, output)`` :func:`computed_once` wraps under ``schedule``.
+
+    Those the schedule stores (saved by name, read past their segment, or
+    residuals of the last segment, which runs as written) and that XLA would
+    otherwise duplicate; none where the schedule saves no names, or nests.
+    """
+    if not schedule.saved or schedule.nested or schedule.plain:
+        return frozenset()
+    seg_of = segment_of_positions(graph.num_positions, schedule.all_cuts())
+    last = seg_of[-1] if seg_of else 0
+    stored = set(schedule.saved)
+    for v in range(graph.num_nodes):
+        seg = seg_of[graph.position_of(v)]
+        if (any(seg_of[graph.units[u].position] > seg for u in graph.consumers[v])
+                or (seg == last and materialized(graph, v))):
+            stored.add(v)
+    out = set()
+    for v in stored:
+        unit = graph.units[graph.node_unit[v]]
+        named = parse_value_name(unit.name) if unit.name else None
+        if named is not None and _producer_duplicable(graph, unit.inputs[0]):
+            out.add(named)
+    return frozenset(out)
