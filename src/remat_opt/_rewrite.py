@@ -199,7 +199,8 @@ def _level(
     function is its own level, so its backward reruns it under the inner
     schedule (checkpoints within a checkpoint). The last segment runs as
     written: its backward follows its forward at once, so recomputing it
-    would only cost FLOPs (see :mod:`remat_opt._memory`).
+    would only cost FLOPs (see :mod:`remat_opt._memory`). ``wrap`` is
+    passed to :func:`remat_opt._names.eval_named` (flat levels only).
     """
     jaxpr = graph.traced.jaxpr.jaxpr
     segments = segments_of(graph, schedule, start, stop)
