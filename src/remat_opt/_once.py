@@ -35,6 +35,8 @@ these readers: it predicts the GPT's named plans -5.0..+7.0% off with them
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 from jax import lax
@@ -87,7 +89,7 @@ def _producer_duplicable(graph: ProgramGraph, node: int) -> bool:
     if "float" not in graph.node_dtype[node]:  # real floating point only (bfloat16 included)
         return False
     operands = {graph.buffer[w] for w in unit.inputs if graph.buffer[w] >= 0}
-    return sum(graph.node_bytes[w] for w in operands) > graph.node_bytes[node]
+    return sum(math.prod(graph.node_shape[w]) for w in operands) > math.prod(graph.node_shape[node])
 
 
 def once_values(graph: ProgramGraph, schedule: Schedule) -> frozenset[tuple[int, int]]:
