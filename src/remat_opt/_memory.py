@@ -71,7 +71,7 @@ attention and MLP output projections and the embedding are live at the
 last MLP's forward; counting them (and chains through stored values) puts
 that plan and the one at 53.48 MiB within 0.3%. Where XLA ends such a chain
 is its fusion pass's choice, not the graph's: in Chen's sqrt(n) plan of the
-same model it ends at two of its 26 boundaries. Charging whole chains
+same model it ends at four of its 26 boundaries. Charging whole chains
 over-predicted four of Chen's segmentations and one greedy candidate by
 7.7-9.3%, and four other named plans by 5.3-8.0% (jax 0.10.2, XLA:CPU).
 XLA's fusion log shows what ends a chain: not its 15-copy duplication cap
@@ -81,6 +81,8 @@ it raw). Whether a residual reaches the conditional raw or through the
 ``reduce_precision`` ``jax.checkpoint`` puts on residuals its segment also
 reads, and what XLA's passes leave of that, the schedule does not tell
 (Chen's plan: 16 raw stream adds in the HLO JAX emits, 4 computed once).
+:mod:`remat_opt._once` uses that rule to end the chains of plans that
+save names (an option of ``optimize``); the model does not know it yet.
 
 Nested schedules (:attr:`Schedule.nested`, built by :mod:`remat_opt._nesting`)
 follow the same rules on the segments of every level at once: a nested
