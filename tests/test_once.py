@@ -62,6 +62,8 @@ def test_saved_once_meets_budget_lower_peak_exact_gradients(small_gpt, gpt_refer
     step = remat_opt.optimize(loss, int(plain * 0.85), solver_options=FAST, compute_saved_once=True)
     plan = step.plan(params, batch)
     assert plan.schedule.saved and plan.measured_peak_bytes <= plan.budget_bytes
+    assert plan.computed_once == len(once_values(gpt_reference.graph, plan.schedule)) > 0
+    assert f"{plan.computed_once} stored value(s) computed once" in str(plan)
     assert peak_bytes(step, params, batch) == plan.measured_peak_bytes
     # The same schedule without the conditionals: XLA holds more.
     ref = gpt_reference

@@ -34,6 +34,7 @@ from ._loops import loop_candidates, loop_program, scan_lengths
 from ._measure import abstract, gradient_flops, peak_bytes
 from ._memory import calibrate, simulate
 from ._nesting import nested_candidates
+from ._once import once_values
 from ._plan import Plan
 from ._rewrite import rewrite
 from ._schedule import Schedule, Simulation
@@ -406,6 +407,7 @@ class OptimizedFunction:
             attempts=attempts,
             schedule=schedule,
             jax_version=jax.__version__,
+            computed_once=len(once_values(graph, schedule)) if self.compute_saved_once else 0,
         )
 
 

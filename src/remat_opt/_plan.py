@@ -58,6 +58,8 @@ class Plan:
             is then the measured figure, ``gap`` is against the trivial bound 0
             and ``graph`` is the loop program's); ``None`` when the plan is a
             ``schedule`` on the program as traced (scans unrolled).
+        computed_once: stored values the rewritten program has XLA compute
+            once (``optimize(..., compute_saved_once=True)``, :mod:`remat_opt._once`).
     """
 
     graph: nx.DiGraph = field(repr=False, compare=False)
@@ -76,6 +78,7 @@ class Plan:
     strategy: str = "remat_opt"
     jax_version: str = ""
     loop_plan: LoopPlan | None = None
+    computed_once: int = 0
 
     @property
     def num_segments(self) -> int | None:
@@ -114,6 +117,8 @@ class Plan:
             decisions = f"{self.num_segments} segment(s), {len(self.schedule.saved)} value(s) saved by name"
             if self.schedule.nested:
                 decisions += f", checkpoints nested {self.schedule.depth()} levels deep"
+            if self.computed_once:
+                decisions += f", {self.computed_once} stored value(s) computed once"
         return (
             f"Plan[{self.strategy}] {status}: budget {format_bytes(self.budget_bytes)}, "
             f"predicted peak {predicted}, measured {measured}{plain}; {decisions}; "
