@@ -169,7 +169,7 @@ class OptimizedFunction:
         # The model is calibrated on the flat program as written; with scans
         # unrolled, that is another program than fn (no loop, fused across
         # iterations), and usually a lower peak.
-        flat_peak = measure(apply_schedule(self.fn, graph, Schedule(plain=True))) if traced.unrolled_scans else plain_peak
+        flat_peak = measure(self._program(graph, Schedule(plain=True))) if traced.unrolled_scans else plain_peak
         graph = calibrate(graph, flat_peak)
         whole_graph = calibrate(build_graph(whole, self.cost_model), plain_peak) if traced.unrolled_scans else graph
         budget = self.budget_bytes
@@ -253,7 +253,7 @@ class OptimizedFunction:
         for tier in tiers:
             fitting = []
             for schedule, sim in tier:
-                program = apply_schedule(self.fn, graph, schedule, compute_saved_once=self.compute_saved_once)
+                program = self._program(graph, schedule)
                 measured = measure(program)
                 status, gap = ("FEASIBLE", 1.0) if sim.recompute_flops else ("OPTIMAL", 0.0)
                 plan = self._finish(graph, sim, schedule, measured, plain_peak, program, args, kwargs, nums,
@@ -330,7 +330,7 @@ class OptimizedFunction:
             bound = bound or solution.bound_flops
             if ceiling_flops is not None and solution.objective_flops >= ceiling_flops:
                 return None
-            program = apply_schedule(self.fn, graph, solution.schedule, compute_saved_once=self.compute_saved_once)
+            program = self._program(graph, solution.schedule)
             measured = measure(program)
             if measured <= budget:
                 sim = simulate(graph, solution.schedule)
@@ -356,7 +356,7 @@ class OptimizedFunction:
                 return None
         tried = []
         for candidate, candidate_flops in flops.items():
-            program = apply_schedule(self.fn, graph, candidate, compute_saved_once=self.compute_saved_once)
+            program = self._program(graph, candidate)
             tried.append((measure(program), candidate_flops, candidate, program))
         fitting = [t for t in tried if t[0] <= budget]
         if not fitting:
@@ -367,6 +367,10 @@ class OptimizedFunction:
         gap = max(0.0, (sim.recompute_flops - bound) / sim.recompute_flops) if sim.recompute_flops else 0.0
         return self._finish(graph, sim, schedule, measured, plain_peak, program, args, kwargs, nums,
                             baseline_flops, "FEASIBLE", gap, solve_seconds, solves + 1)
+
+    def _program(self, graph: ProgramGraph, schedule: Schedule) -> Callable[..., Any]:
+        """``fn`` under ``schedule``, as this function's options rewrite it."""
+        return apply_schedule(self.fn, graph, schedule, compute_saved_once=self.compute_saved_once)
 
     def _finish(self, graph: ProgramGraph, sim: Simulation, schedule: Schedule, measured: int, plain_peak: int,
                 program: Callable[..., Any], args: tuple, kwargs: dict, nums: Any, baseline_flops: int,
