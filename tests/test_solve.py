@@ -20,6 +20,7 @@ from remat_opt._slots import (
 )
 from remat_opt._solve import (
     SolverOptions,
+    _saves_within_cuts,
     cut_candidates,
     min_peak_schedule,
     save_candidates,
@@ -99,6 +100,25 @@ def test_solver_optimum_equals_brute_force(name, scale):
         assert checked.peak_bytes <= budget
         assert simulate(graph, solution.schedule).peak_bytes <= checked.peak_bytes  # the prediction
         assert checked.recompute_flops == solution.objective_flops == best
+
+
+@pytest.mark.parametrize("name", ["chain", "softmax", "chain_slots"])
+def test_first_stage_is_the_best_saving_within_its_cuts(name):
+    """solve's first stage: the cheapest schedule whose cuts are among the start's,
+    never worse than the start, and the budget holds (brute force over those)."""
+    fn, ws, x = PROGRAMS[name]
+    graph = _graph(fn, ws, x)
+    start = Schedule(frozenset(cut_candidates(graph, 64)[1::2]))
+    within = [s for s in _all_schedules(graph) if s.cuts <= start.cuts]
+    sims = {s: simulate(graph, s, planning=True) for s in within}
+    budgets = sorted({sim.peak_bytes for sim in sims.values() if sim.peak_bytes >= sims[start].peak_bytes})
+    assert len(budgets) > 1
+    for budget in budgets:
+        found = _saves_within_cuts(graph, budget, start, SolverOptions())
+        best = min(sim.recompute_flops for sim in sims.values() if sim.peak_bytes <= budget)
+        assert found.cuts <= start.cuts
+        assert simulate(graph, found, planning=True).peak_bytes <= budget
+        assert simulate(graph, found).recompute_flops == best <= sims[start].recompute_flops
 
 
 @pytest.mark.parametrize("name", ["chain", "chain_slots"])

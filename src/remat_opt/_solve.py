@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import bisect
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ortools.sat.python import cp_model
 
@@ -66,6 +66,9 @@ class SolverOptions:
         seed: random seed.
         max_cut_candidates: positions offered as segment starts (see
             :func:`cut_candidates`), besides the starting schedule's cuts.
+        first_stage_share: the share of both time limits that :func:`solve`
+            spends on its first stage (what to save, with the starting
+            schedule's cuts), before it searches the cuts too.
     """
 
     time_limit_s: float = 120.0
@@ -73,6 +76,12 @@ class SolverOptions:
     num_workers: int = 8
     seed: int = 0
     max_cut_candidates: int = 48
+    first_stage_share: float = 0.4
+
+    def share(self, fraction: float) -> SolverOptions:
+        """These options with both time limits scaled by ``fraction``."""
+        return replace(self, time_limit_s=self.time_limit_s * fraction,
+                       deterministic_time_limit=self.deterministic_time_limit * fraction)
 
 
 @dataclass(frozen=True)
@@ -445,11 +454,11 @@ def solve(graph: ProgramGraph, budget_bytes: int, options: SolverOptions = Solve
     """
     start = time.perf_counter()
     incumbent = _incumbent(graph, budget_bytes)
+    if incumbent is not None and incumbent.cuts:
+        incumbent = _saves_within_cuts(graph, budget_bytes, incumbent, options.share(options.first_stage_share))
+        options = options.share(1.0 - options.first_stage_share)
     include = incumbent.cuts if incumbent is not None else frozenset()
-    enc = _Encoding(graph, cut_candidates(graph, options.max_cut_candidates, include), save_candidates(graph))
-    for _, expr, enforce in enc.ends:
-        enc.model.Add(expr <= budget_bytes).OnlyEnforceIf(enforce)
-    enc.model.Minimize(enc.flops)
+    enc = _budget_model(graph, budget_bytes, cut_candidates(graph, options.max_cut_candidates, include))
     if incumbent is not None:
         _hint(enc, incumbent)
     solver = _solver(options)
@@ -479,6 +488,35 @@ def solve(graph: ProgramGraph, budget_bytes: int, options: SolverOptions = Solve
         gap=gap,
         solve_seconds=time.perf_counter() - start,
     )
+
+
+def _budget_model(graph: ProgramGraph, budget_bytes: int, cuts: tuple[int, ...]) -> _Encoding:
+    """The model of :func:`solve` over cut candidates ``cuts``: least recompute within the budget."""
+    enc = _Encoding(graph, cuts, save_candidates(graph))
+    for _, expr, enforce in enc.ends:
+        enc.model.Add(expr <= budget_bytes).OnlyEnforceIf(enforce)
+    enc.model.Minimize(enc.flops)
+    return enc
+
+
+def _saves_within_cuts(graph: ProgramGraph, budget_bytes: int, start: Schedule, options: SolverOptions) -> Schedule:
+    """The first stage of :func:`solve`: what to save, with no cut but ``start``'s.
+
+    On large graphs the full model's search rarely gets far from its start
+    in the time it has; this one, with a handful of cut candidates, gets
+    much further. On the zoo GPT (756 equations) at 30.32 MiB, within the
+    default deterministic limit: 607M recomputed FLOPs here against 741M
+    for the full model alone; at 41.90 MiB, 110M against 128M (jax 0.10.2,
+    2 cores). Its bound holds for these cuts only, so :func:`solve` reports
+    the full model's. ``start`` if nothing cheaper is found.
+    """
+    enc = _budget_model(graph, budget_bytes, tuple(sorted(start.cuts)))
+    _hint(enc, start)
+    solver = _solver(options)
+    if solver.Solve(enc.model) not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return start
+    found = enc.schedule(solver)
+    return min((start, found), key=lambda s: simulate(graph, s).recompute_flops)
 
 
 def _incumbent(graph: ProgramGraph, budget_bytes: int) -> Schedule | None:
