@@ -66,9 +66,10 @@ class SolverOptions:
         seed: random seed.
         max_cut_candidates: positions offered as segment starts (see
             :func:`cut_candidates`), besides the starting schedule's cuts.
-        first_stage_share: the share of both time limits that :func:`solve`
-            spends on its first stage (what to save, with the starting
-            schedule's cuts), before it searches the cuts too.
+        first_stage_share: the share of the deterministic limit that
+            :func:`solve` spends on its first stage (what to save, with the
+            starting schedule's cuts) before it searches the cuts too; the
+            wall-clock cap holds for both stages together.
     """
 
     time_limit_s: float = 120.0
@@ -77,11 +78,6 @@ class SolverOptions:
     seed: int = 0
     max_cut_candidates: int = 48
     first_stage_share: float = 0.4
-
-    def share(self, fraction: float) -> SolverOptions:
-        """These options with both time limits scaled by ``fraction``."""
-        return replace(self, time_limit_s=self.time_limit_s * fraction,
-                       deterministic_time_limit=self.deterministic_time_limit * fraction)
 
 
 @dataclass(frozen=True)
@@ -440,6 +436,12 @@ def low_memory_schedules(graph: ProgramGraph, lowest: Schedule, count: int) -> l
 def solve(graph: ProgramGraph, budget_bytes: int, options: SolverOptions = SolverOptions()) -> Solution:
     """Minimum-recompute schedule whose predicted peak fits ``budget_bytes``.
 
+    The search starts from the cheapest of Chen's segmentations that fits
+    (:func:`_incumbent`). When that start has cuts, a first stage searches
+    only what to save within them (:func:`_saves_within_cuts`), then the
+    full model searches cuts and saves from its result. The result is never
+    worse than either stage; the gap is against the full model's bound.
+
     Args:
         graph: the program graph.
         budget_bytes: the peak to fit, in XLA's terms (argument + output + temp).
@@ -455,8 +457,11 @@ def solve(graph: ProgramGraph, budget_bytes: int, options: SolverOptions = Solve
     start = time.perf_counter()
     incumbent = _incumbent(graph, budget_bytes)
     if incumbent is not None and incumbent.cuts:
-        incumbent = _saves_within_cuts(graph, budget_bytes, incumbent, options.share(options.first_stage_share))
-        options = options.share(1.0 - options.first_stage_share)
+        share = options.first_stage_share * options.deterministic_time_limit
+        incumbent = _saves_within_cuts(graph, budget_bytes, incumbent,
+                                       replace(options, deterministic_time_limit=share))
+        options = replace(options, deterministic_time_limit=options.deterministic_time_limit - share,
+                          time_limit_s=max(1.0, options.time_limit_s - (time.perf_counter() - start)))
     include = incumbent.cuts if incumbent is not None else frozenset()
     enc = _budget_model(graph, budget_bytes, cut_candidates(graph, options.max_cut_candidates, include))
     if incumbent is not None:
