@@ -186,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", default="mlp,resnet,unet,gpt")
     parser.add_argument("--budgets", type=int, default=6, help="sweep points from the minimum to the plain peak")
     parser.add_argument("--time", action="store_true", help="also time each jitted step (median of 5)")
-    parser.add_argument("--time-limit", type=float, default=120.0,
+    parser.add_argument("--time-limit", type=float, default=remat_opt.SolverOptions.time_limit_s,
                         help="CP-SAT wall-clock cap per solve, a safety net above the deterministic limit"
                              " (a solve the wall clock stops depends on the load)")
     parser.add_argument("--quick", action="store_true",

@@ -66,13 +66,12 @@ class SolverOptions:
         seed: random seed.
         max_cut_candidates: positions offered as segment starts (see
             :func:`cut_candidates`), besides the starting schedule's cuts.
-        first_stage_share: the share of the deterministic limit that
-            :func:`solve` spends on its first stage (what to save, with the
-            starting schedule's cuts) before it searches the cuts too; the
-            wall-clock cap holds for both stages together.
+        first_stage_share: the share of both limits that :func:`solve`
+            spends on its first stage (what to save, with the starting
+            schedule's cuts) before it searches the cuts too.
     """
 
-    time_limit_s: float = 120.0
+    time_limit_s: float = 300.0
     deterministic_time_limit: float = 10.0
     num_workers: int = 8
     seed: int = 0
@@ -457,10 +456,11 @@ def solve(graph: ProgramGraph, budget_bytes: int, options: SolverOptions = Solve
     start = time.perf_counter()
     incumbent = _incumbent(graph, budget_bytes)
     if incumbent is not None and incumbent.cuts:
-        share = options.first_stage_share * options.deterministic_time_limit
-        incumbent = _saves_within_cuts(graph, budget_bytes, incumbent,
-                                       replace(options, deterministic_time_limit=share))
-        options = replace(options, deterministic_time_limit=options.deterministic_time_limit - share,
+        share = options.first_stage_share
+        first = replace(options, time_limit_s=share * options.time_limit_s,
+                        deterministic_time_limit=share * options.deterministic_time_limit)
+        incumbent = _saves_within_cuts(graph, budget_bytes, incumbent, first)
+        options = replace(options, deterministic_time_limit=(1 - share) * options.deterministic_time_limit,
                           time_limit_s=max(1.0, options.time_limit_s - (time.perf_counter() - start)))
     include = incumbent.cuts if incumbent is not None else frozenset()
     enc = _budget_model(graph, budget_bytes, cut_candidates(graph, options.max_cut_candidates, include))
