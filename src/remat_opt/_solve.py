@@ -68,7 +68,7 @@ class SolverOptions:
             :func:`cut_candidates`), besides the starting schedule's cuts.
         first_stage_share: the share of both limits that :func:`solve`
             spends on its first stage (what to save, with the starting
-            schedule's cuts) before it searches the cuts too.
+            schedule's cuts) before it searches the cuts too; 0 skips it.
     """
 
     time_limit_s: float = 300.0
@@ -77,6 +77,11 @@ class SolverOptions:
     seed: int = 0
     max_cut_candidates: int = 48
     first_stage_share: float = 0.4
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.first_stage_share < 1.0:
+            raise ValueError(f"SolverOptions.first_stage_share must be in [0, 1) (0 skips the first stage); "
+                             f"got {self.first_stage_share!r}.")
 
 
 @dataclass(frozen=True)
@@ -455,7 +460,7 @@ def solve(graph: ProgramGraph, budget_bytes: int, options: SolverOptions = Solve
     """
     start = time.perf_counter()
     incumbent = _incumbent(graph, budget_bytes)
-    if incumbent is not None and incumbent.cuts:
+    if incumbent is not None and incumbent.cuts and options.first_stage_share > 0:
         share = options.first_stage_share
         first = replace(options, time_limit_s=share * options.time_limit_s,
                         deterministic_time_limit=share * options.deterministic_time_limit)
