@@ -12,13 +12,8 @@ model differs (every value materialized, no transients). It gets the budget at
 the same *relative* place: the same fraction of its no-recompute activation
 bytes (``store_all``) above the fixed ``base_bytes`` as remat_opt's budget has
 of the plain program's. Models above ``--max-vars`` variables are skipped (the
-MILP has O(n²) of them). Both solvers get the same wall-clock limit and the
-same machine; CP-SAT's deterministic limit is lifted so that the wall clock
-binds. CP-SAT runs with the library's default workers (8, interleaved on
-however many cores there are: what ``optimize`` users get); the MILP with
-``--workers`` threads. On 2 cores, 8 interleaved workers end far ahead of 2:
-on the 8-layer GPT (one-stage solve, bca949d), 0.79M recomputed
-FLOPs in 69 s against 2.7M in 61 s. Every plan is
+MILP has O(n²) of them). Both solvers get the same wall-clock limit; CP-SAT's
+deterministic limit is lifted so that the wall clock binds. Every plan is
 re-checked by its model's own simulator. The two objectives are recompute
 FLOPs in two different models: compare times and statuses, not values.
 
@@ -27,7 +22,7 @@ log scale; ``solve_time_<backend>.*`` for another MILP backend) under
 ``experiments/results/`` and prints a markdown table.
 
 Usage:
-    python experiments/solve_time.py [--time-limit 60] [--workers 2] [--cpsat-workers 8] [--quick]
+    python experiments/solve_time.py [--time-limit 60] [--workers 2] [--quick]
 """
 
 from __future__ import annotations
@@ -65,12 +60,12 @@ def sizes(quick: bool) -> list[tuple[str, str, object]]:
 
 
 def measure(family: str, label: str, config: object, limit: float, workers: int, max_vars: int,
-            backend: str, cpsat_workers: int) -> dict:
+            backend: str) -> dict:
     """One row: the graph's size, the budgets, and both solvers' verdicts."""
     spec = MODELS[family]
     params, batch = spec.init(config, jax.random.PRNGKey(0))
     graph = build_graph(trace(spec.loss, abstract((params, batch)), {}, (0,)))
-    options = SolverOptions(time_limit_s=limit, deterministic_time_limit=1e9, num_workers=cpsat_workers)
+    options = SolverOptions(time_limit_s=limit, deterministic_time_limit=1e9, num_workers=workers)
     plain = simulate(graph, Schedule(plain=True)).peak_bytes
     lowest = simulate(graph, min_peak_schedule(graph, options)).peak_bytes
     budget = int(lowest + FRACTION * max(0, plain - lowest))
@@ -143,21 +138,17 @@ def plot(rows: list[dict], path: Path, stamp: str, limit: float, backend: str) -
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--time-limit", type=float, default=None, help="seconds per solve (60; 10 with --quick)")
-    parser.add_argument("--workers", type=int, default=2, help="MILP threads")
-    parser.add_argument("--cpsat-workers", type=int, default=SolverOptions.num_workers,
-                        help="CP-SAT workers (interleaved; the library's default)")
+    parser.add_argument("--workers", type=int, default=2, help="CP-SAT workers and MILP threads")
     parser.add_argument("--max-vars", type=int, default=1_000_000, help="skip larger MILPs")
     parser.add_argument("--backend", default="SCIP", help="MILP solver: SCIP, CBC or HIGHS")
     parser.add_argument("--quick", action="store_true", help="two tiny MLPs, 10 s limit")
     parser.add_argument("--out-dir", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     limit = args.time_limit or (10.0 if args.quick else 60.0)
-    stamp = (f"jax {jax.__version__}; {platform.platform()}; limit {limit:g} s; "
-             f"CP-SAT {args.cpsat_workers} workers, MILP {args.workers} threads")
+    stamp = f"jax {jax.__version__}; {platform.platform()}; limit {limit:g} s; {args.workers} workers"
     rows = []
     for family, label, config in sizes(args.quick):
-        rows.append(measure(family, label, config, limit, args.workers, args.max_vars, args.backend,
-                            args.cpsat_workers))
+        rows.append(measure(family, label, config, limit, args.workers, args.max_vars, args.backend))
         print(f"  {label}: CP-SAT {rows[-1]['cpsat_status']} {rows[-1]['cpsat_seconds']:.2f} s, "
               f"MILP {rows[-1]['milp_status']} {rows[-1]['milp_seconds']:.2f} s", file=sys.stderr, flush=True)
     args.out_dir.mkdir(parents=True, exist_ok=True)
