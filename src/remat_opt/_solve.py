@@ -67,16 +67,18 @@ class SolverOptions:
         max_cut_candidates: positions offered as segment starts (see
             :func:`cut_candidates`), besides the starting schedule's cuts.
         first_stage_share: the share of both limits that :func:`solve`
-            spends on its first stage (what to save, with the starting
-            schedule's cuts) before it searches the cuts too; 0 skips it.
+            spends on a first stage (what to save, with the starting
+            schedule's cuts) before it searches the cuts too; 0 (the
+            default) skips it. It helps on large graphs at tight budgets
+            and costs elsewhere (see :func:`_saves_within_cuts`).
     """
 
-    time_limit_s: float = 300.0
+    time_limit_s: float = 120.0
     deterministic_time_limit: float = 10.0
     num_workers: int = 8
     seed: int = 0
     max_cut_candidates: int = 48
-    first_stage_share: float = 0.4
+    first_stage_share: float = 0.0
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.first_stage_share < 1.0:
@@ -441,10 +443,11 @@ def solve(graph: ProgramGraph, budget_bytes: int, options: SolverOptions = Solve
     """Minimum-recompute schedule whose predicted peak fits ``budget_bytes``.
 
     The search starts from the cheapest of Chen's segmentations that fits
-    (:func:`_incumbent`). When that start has cuts, a first stage searches
-    only what to save within them (:func:`_saves_within_cuts`), then the
-    full model searches cuts and saves from its result. The result is never
-    worse than either stage; the gap is against the full model's bound.
+    (:func:`_incumbent`). With ``options.first_stage_share`` and a start
+    that has cuts, a first stage searches only what to save within them
+    (:func:`_saves_within_cuts`), then the full model searches cuts and
+    saves from its result. The result is never worse than the start or
+    either stage; the gap is against the full model's bound.
 
     Args:
         graph: the program graph.
@@ -514,11 +517,16 @@ def _saves_within_cuts(graph: ProgramGraph, budget_bytes: int, start: Schedule, 
 
     On large graphs the full model's search rarely gets far from its start
     in the time it has; this one, with a handful of cut candidates, gets
-    much further. On the zoo GPT (756 equations) at 30.32 MiB, within the
-    default deterministic limit: 607M recomputed FLOPs here against 741M
-    for the full model alone; at 41.90 MiB, 110M against 128M (jax 0.10.2,
-    2 cores). Its bound holds for these cuts only, so :func:`solve` reports
-    the full model's. ``start`` if nothing cheaper is found.
+    further. Measured with a share of 0.4 (jax 0.10.2, 2 cores): on the zoo
+    GPT's Pareto sweep (756 equations, deterministic limit 10) +9.80%
+    recompute at 30.32 MiB against +12.65% for the full model alone, +1.62%
+    against +1.92% at 41.90 MiB; but the ResNet at 2.86 MiB +17.23% against
+    +8.74%; in ``solve_time.py``'s 60 s runs (and 8 workers, against 2 and
+    one stage) the 2-layer GPT lost its proof of optimality and the 8-layer
+    ended 22% higher, the 4-layer 15% lower; solves take up to twice the
+    wall time. Hence off by default. Its bound holds for these
+    cuts only, so :func:`solve` reports the full model's. ``start`` if
+    nothing cheaper is found.
     """
     enc = _budget_model(graph, budget_bytes, tuple(sorted(start.cuts)))
     _hint(enc, start)
