@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import pytest
 
 from remat_opt import InfeasibleBudgetError, Schedule
+from remat_opt._encoding import cut_candidates, save_candidates
 from remat_opt._graph import build_graph
 from remat_opt._memory import simulate, tail_extra_bytes
 from remat_opt._slots import (
@@ -21,9 +22,7 @@ from remat_opt._slots import (
 from remat_opt._solve import (
     SolverOptions,
     _saves_within_cuts,
-    cut_candidates,
     min_peak_schedule,
-    save_candidates,
     solve,
 )
 from remat_opt._trace import trace

@@ -6,7 +6,7 @@ stage ``t`` computes operation ``t`` and may recompute earlier ones. Binary
 ``Free[t,(i,k)]`` (``i`` freed once its reader ``k`` ran in stage ``t``) and
 continuous ``U[t,k]`` (bytes held after ``k`` in stage ``t``) <= budget;
 objective ``sum R[t,i] cost[i]``. Only the lower triangle is built: O(n²)
-binaries, where :mod:`remat_opt._solve` needs O(n). Solved by an open MILP
+binaries, where :mod:`remat_opt._encoding` needs O(n). Solved by an open MILP
 solver bundled with OR-tools (SCIP by default; CBC or HiGHS). A reference,
 not a planner: plans are checked by :func:`simulate_stages` (the rules
 evaluated directly on ``R`` and ``S``), *not* rewritten into JAX.

@@ -3,7 +3,7 @@
 This is the independent check of every plan (Checkmate kept one for the same
 reason): it recomputes, from the graph and the decisions alone, what the
 rewritten program stores, recomputes and holds at its peak, trusting nothing
-the solver said. The CP-SAT model in :mod:`remat_opt._solve` encodes exactly
+the solver said. The CP-SAT model in :mod:`remat_opt._encoding` encodes exactly
 these rules; tests hold the two equal on every plan and equal to brute force.
 
 Execution model (the one the rewriter enforces, FINDINGS §2): the forward runs
@@ -45,7 +45,7 @@ are scaled by a factor fitted to XLA's peak for the plain program
 (:func:`calibrate`, measured by every ``optimize`` call anyway).
 
 CP-SAT plans with a narrower slot credit (``simulate(planning=True)``, which
-:mod:`remat_opt._solve` encodes exactly): only values stored across a cut, in
+:mod:`remat_opt._encoding` encodes exactly): only values stored across a cut, in
 slots of their own size, and none in schedules that save names. The
 prediction follows XLA's buffer assigner more closely
 (:func:`remat_opt._slots.assign_stored_buffers`: values stored across a cut
@@ -276,7 +276,7 @@ def boundary_cotangent_bytes(graph: ProgramGraph, cut: int) -> int:
 def simulate(graph: ProgramGraph, schedule: Schedule, *, planning: bool = False) -> Simulation:
     """Predicts peak bytes and recompute FLOPs of ``schedule`` on ``graph``.
 
-    With ``planning``, the model CP-SAT plans with (:mod:`remat_opt._solve`
+    With ``planning``, the model CP-SAT plans with (:mod:`remat_opt._encoding`
     encodes exactly it): the same, except for the gradient-slot credit,
     which is narrower (see the module docstring). The prediction's rules
     are approximate, and as constraints they steered CP-SAT to plans XLA

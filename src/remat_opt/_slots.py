@@ -5,7 +5,7 @@ writes it only in the backward of the segment that holds its input's last
 reader; until then it lays other values, no larger, over it. The memory
 model (:func:`remat_opt._memory.simulate`) credits those bytes in two ways:
 
-* planning (the credit CP-SAT, :mod:`remat_opt._solve`, encodes): values
+* planning (the credit CP-SAT, :mod:`remat_opt._encoding`, encodes): values
   stored across cuts, in slots of their own size (:func:`slot_credit`),
   none in schedules that save names;
 * prediction: XLA's own assignment, approximated (:func:`assign_stored_buffers`
