@@ -1,11 +1,11 @@
 """Stored values computed once: XLA's peak with and without, on the plans that save names.
 
-``optimize(..., compute_saved_once=True)`` gives each stored value XLA would
+``optimize(..., compute_saved_once=True)`` (the default) gives each stored value XLA would
 rebuild in every reader from its operands a reader XLA cannot fuse
 (:mod:`remat_opt._once`). This measures what that does to XLA's peak on every
 plan of ``results/schedule_fidelity.csv`` that saves names (remat_opt's CP-SAT
 plans of the zoo models; the others get no such readers), beside the memory
-model's prediction, which does not know them. Writes ``saved_once.csv`` under
+model's prediction. Writes ``saved_once.csv`` under
 ``--out``.
 
 Usage:
@@ -37,7 +37,7 @@ def measure(models: list[str]) -> list[dict]:
         if r["model"] not in refs:
             refs[r["model"]] = model_reference(r["model"])[0]
         ref = refs[r["model"]]
-        without = ref.peak(apply_schedule(ref.fn, ref.graph, schedule))
+        without = ref.peak(apply_schedule(ref.fn, ref.graph, schedule, compute_saved_once=False))
         once = ref.peak(apply_schedule(ref.fn, ref.graph, schedule, compute_saved_once=True))
         predicted = simulate(ref.graph, schedule).peak_bytes
         rows.append({"model": r["model"], "label": r["label"], "saved_names": len(schedule.saved),

@@ -15,6 +15,7 @@ current model and prints the errors, ``(predicted - measured) / measured``.
 Usage:
     python experiments/schedule_fidelity.py check          # seconds per model
     python experiments/schedule_fidelity.py collect [--models gpt,unet] [--plans]
+    python experiments/schedule_fidelity.py remeasure      # the rows that save names, by today's rewriter
 """
 
 from __future__ import annotations
@@ -103,6 +104,25 @@ def collect(names: list[str], plans: bool) -> list[dict]:
     return rows
 
 
+def remeasure(rows: list[dict], models: list[str]) -> list[dict]:
+    """``rows`` with the schedules that save names measured again, by the
+    rewriter as it is now (its default, stored values computed once,
+    changes only those programs: :mod:`remat_opt._once`)."""
+    refs: dict[str, Reference] = {}
+    out = []
+    for r in rows:
+        schedule = from_json(r["schedule"])
+        if r["model"] in models and schedule.saved:
+            if r["model"] not in refs:
+                refs[r["model"]] = model_reference(r["model"])[0]
+            ref = refs[r["model"]]
+            measured = ref.peak(apply_schedule(ref.fn, ref.graph, schedule))
+            print(f"  {r['model']} {r['label']}: {int(r['measured_peak_bytes'])} -> {measured}", flush=True)
+            r = {**r, "measured_peak_bytes": measured}
+        out.append(r)
+    return out
+
+
 def check(rows: list[dict]) -> list[dict]:
     """``rows`` with the current model's prediction and its relative error."""
     graphs: dict[str, ProgramGraph] = {}
@@ -128,7 +148,7 @@ def summary(checked: list[dict], tolerance: float = 0.05) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mode", choices=("check", "collect"))
+    parser.add_argument("mode", choices=("check", "collect", "remeasure"))
     parser.add_argument("--models", default="gpt,mlp,resnet,unet")
     parser.add_argument("--plans", action="store_true", help="collect: also remat_opt's plans (minutes each)")
     parser.add_argument("--csv", type=Path, default=CSV)
@@ -136,6 +156,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.mode == "collect":
         rows = collect(args.models.split(","), args.plans)
         write_csv(args.csv, rows, f"{stamp()}\nreproduce: {command()}")
+        print(f"wrote {len(rows)} schedules to {args.csv}")
+        return 0
+    if args.mode == "remeasure":
+        rows = remeasure(read_csv(args.csv), args.models.split(","))
+        header = [line[2:].rstrip("\n") for line in args.csv.open() if line.startswith("# ")]
+        write_csv(args.csv, rows, "\n".join(header + [f"then the schedules that save names: {command()} ({stamp()})"]))
         print(f"wrote {len(rows)} schedules to {args.csv}")
         return 0
     checked = check([r for r in read_csv(args.csv) if r["model"] in args.models.split(",")])

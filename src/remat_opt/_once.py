@@ -14,10 +14,15 @@ projections of the zoo GPT, 4 MiB at its forward peak).
 
 :func:`computed_once` gives such a value a reader XLA cannot fuse: a
 ``lax.cond`` on a predicate it cannot fold whose branches return the value
-(one through an exact bitwise copy XLA does not simplify away, so the
-conditional survives; with two identity branches XLA removes it). XLA then computes the value once, its readers read
-that buffer, and the branch outputs die where the plan says. The backward of
-:func:`computed_once` is the identity.
+(one through an optimization barrier, so the conditional survives; with two
+identity branches XLA removes it). XLA then computes the value once, its
+readers read that buffer, and the branch outputs die where the plan says.
+The backward of :func:`computed_once` is the identity. Both branches are
+free in FLOP counts (an earlier copy by two XORs an element was priced as
+work, though it runs only when the first element is NaN: 1.94M FLOPs
+counted for the small zoo GPT's plan at 0.85 of its plain peak, which
+recomputes 1.09M; with the barrier XLA's peak on the demo GPT's named plans
+is the same or up to 0.9% lower, on that small plan 1.0% higher).
 
 Measured (jax 0.10.2, XLA:CPU), XLA's peak with the stored values computed
 once against without, on the plans that save names of
@@ -27,10 +32,11 @@ eight -3.8..+0.1%, the ResNet's two +0.1%; the GPT's Pareto plans at the
 41.90 and 53.48 MiB budgets 40.92 -> 36.44 and 52.56 -> 49.57 MiB. Where a
 plan saves no names (Chen's segmentations, Revolve) the same readers cost
 memory instead (Chen's sqrt(n) GPT +1.3%, the MLP's Revolve tree +7.7%), so
-such plans get none (:func:`once_values`). The memory model does not know
-these readers: it predicts the GPT's named plans -5.0..+7.0% off with them
-(-5.0..+3.2% without), hence an option of the rewriter
-(``optimize(..., compute_saved_once=True)``), off by default.
+such plans get none (:func:`once_values`). On by default
+(``optimize(..., compute_saved_once=False)`` turns it off). The memory model
+counts the plans it applies to as XLA then runs them: the stored values held
+once, each fenced branch's recomputation as XLA's breadth-first scheduler
+leaves it live (:mod:`remat_opt._branch`).
 """
 
 from __future__ import annotations
@@ -54,15 +60,6 @@ MULTI_OPERAND_ELEMENTWISE = frozenset({
 })
 
 
-def _exact_copy(x: jax.Array) -> jax.Array:
-    """``x``, bit for bit, by a route XLA does not simplify away: its bits
-    XOR-ed twice with a value known only at run time (integer work, so no
-    flushing of subnormals either)."""
-    bits = lax.bitcast_convert_type(x, jnp.dtype(f"uint{8 * x.dtype.itemsize}"))
-    key = jnp.ravel(bits)[0]
-    return lax.bitcast_convert_type((bits ^ key) ^ key, x.dtype)
-
-
 @jax.custom_vjp
 def computed_once(x: jax.Array) -> jax.Array:
     """``x``, read by a conditional XLA:CPU cannot fuse, so XLA computes ``x`` once.
@@ -74,7 +71,7 @@ def computed_once(x: jax.Array) -> jax.Array:
         ``x`` (the same values; its cotangent passes through unchanged).
     """
     first = jnp.ravel(x)[0]
-    return lax.cond(first == first, lambda y: y, _exact_copy, x)
+    return lax.cond(first == first, lambda y: y, lax.optimization_barrier, x)
 
 
 computed_once.defvjp(lambda x: (computed_once(x), None), lambda _, ct: (ct,))

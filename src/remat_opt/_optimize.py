@@ -55,7 +55,7 @@ def _signature(args: tuple, kwargs: dict) -> _Signature:
 
 
 def apply_schedule(
-    fn: Callable[..., Any], graph: ProgramGraph, schedule: Schedule, *, compute_saved_once: bool = False
+    fn: Callable[..., Any], graph: ProgramGraph, schedule: Schedule, *, compute_saved_once: bool = True
 ) -> Callable[..., Any]:
     """``fn`` with ``schedule`` applied, for arguments of the traced signature.
 
@@ -122,7 +122,7 @@ class OptimizedFunction:
         cost_model: CostModel | None,
         has_aux: bool = False,
         unroll_scans: int = 0,
-        compute_saved_once: bool = False,
+        compute_saved_once: bool = True,
     ):
         self.fn = fn
         self.budget_bytes = budget_bytes
@@ -425,7 +425,7 @@ def optimize(
     cost_model: CostModel | None = None,
     has_aux: bool = False,
     unroll_scans: int = 64,
-    compute_saved_once: bool = False,
+    compute_saved_once: bool = True,
 ) -> OptimizedFunction:
     """Places gradient checkpoints in ``fn`` so its gradient step fits ``budget_bytes``.
 
@@ -453,10 +453,8 @@ def optimize(
             stream) a reader XLA cannot fuse, so it computes the value once
             and frees the operands (:mod:`remat_opt._once`). Same values and
             gradients. Measured on the zoo GPT's and U-Net's plans, 0-11%
-            lower peaks (jax 0.10.2, XLA:CPU). Off by default: the memory
-            model does not know it yet, so such plans come out up to 7%
-            under their predicted peak (``optimize`` measures every plan
-            either way, so the budget still holds).
+            lower peaks (jax 0.10.2, XLA:CPU). ``False`` leaves XLA to
+            duplicate them as it likes.
 
     Returns:
         An :class:`OptimizedFunction` with ``fn``'s signature and values.

@@ -59,7 +59,7 @@ class Plan:
             and ``graph`` is the loop program's); ``None`` when the plan is a
             ``schedule`` on the program as traced (scans unrolled).
         computed_once: stored values the rewritten program has XLA compute
-            once (``optimize(..., compute_saved_once=True)``, :mod:`remat_opt._once`).
+            once (``optimize(..., compute_saved_once=True)``, the default; :mod:`remat_opt._once`).
     """
 
     graph: nx.DiGraph = field(repr=False, compare=False)

@@ -16,7 +16,7 @@ cannot start before that predicate exists, so the recomputation stays in the
 backward pass where the plan put it (FINDINGS §2). Both branches compute the
 same, exact gradient, so correctness never depends on the predicate's value.
 
-On request (``compute_saved_once``), in a plan that saves names, the stored
+By default (``compute_saved_once``), in a plan that saves names, the stored
 values XLA would rebuild in every reader from the operands they were computed
 from (a residual stream) go through :func:`remat_opt._once.computed_once`, so
 XLA computes them once and frees those operands where the plan says.
@@ -164,7 +164,7 @@ def segments_of(graph: ProgramGraph, schedule: Schedule, start: int = 0, stop: i
 
 
 def rewrite(
-    graph: ProgramGraph, schedule: Schedule, *, compute_saved_once: bool = False
+    graph: ProgramGraph, schedule: Schedule, *, compute_saved_once: bool = True
 ) -> Callable[..., list[Any]]:
     """The program of ``graph`` under ``schedule``, as a function of flat inputs.
 

@@ -1,0 +1,76 @@
+"""How XLA:CPU orders a fenced segment's backward: breadth-first.
+
+XLA:CPU schedules every computation, each branch of a conditional included,
+with its breadth-first scheduler (``xla_cpu_enable_concurrency_optimized_scheduler``,
+on by default): an instruction runs as soon as its operands exist. A fenced
+segment's backward branch starts from its stored values and its incoming
+cotangent at once, so its recomputation and the transposes of the segment's
+end run side by side. A recomputed value is computed at its depth in the
+recomputation (from the stored values) and lives until the last transpose or
+recomputation that reads it; the transposes run at their depth from the
+segment's end. Values at the segment's end die early while deep chains (the
+first layer's attention, behind a recomputed embedding and layer norm) are
+not yet computed, so fewer are live at once than the whole recomputation.
+
+Measured (jax 0.10.2, XLA:CPU): in the demo GPT's plan at 0.4 of its plain
+peak, XLA holds 6 of the first segment's 8 recomputed 1 MiB buffers at that
+segment's peak; this count gives the same 6. With the depth-first scheduler
+(``=false``) the same schedules measure 3-32% higher.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from ._graph import ProgramGraph
+
+
+def live_at_peak(graph: ProgramGraph, members: Iterable[int], recomputed: set[int],
+                 sizes: dict[int, list[int]]) -> list[tuple[int, int]]:
+    """The recomputed buffers live together when the most recomputed bytes are.
+
+    Args:
+        graph: the program graph.
+        members: the units of one fenced segment.
+        recomputed: the units its backward recomputes (others' outputs are stored).
+        sizes: per recomputed unit, the sizes of the buffers it writes.
+
+    Returns:
+        ``(unit, size)`` of each recomputed buffer live at the busiest step
+        of a breadth-first run of the segment's backward.
+    """
+    units = graph.units
+    members = sorted(members)  # unit indices are in program order; positions repeat
+    inside = set(members)
+    depth: dict[int, int] = {}  # recomputation, from the stored values
+    for u in members:
+        if u in recomputed:
+            depth[u] = 1 + max((depth.get(graph.node_unit[w], 0) for w in units[u].inputs), default=0)
+    step: dict[int, int] = {}  # transposes, from the segment's end
+    for u in reversed(members):
+        after = [step[c] for v in units[u].outputs for c in graph.consumers[v] if c in inside]
+        reads = [depth.get(graph.node_unit[w], 0) for w in (*units[u].inputs, *units[u].outputs) if graph.residual[w]]
+        step[u] = 1 + max(after + reads, default=0)
+    events: dict[int, list[tuple[tuple[int, int], int]]] = {}
+    for u in members:
+        if u not in recomputed or not sizes.get(u):
+            continue
+        readers = [step[u]]
+        for v in units[u].outputs:
+            readers += [depth[c] for c in graph.consumers[v] if c in depth]
+            if graph.residual[v]:
+                readers += [step[c] for c in graph.consumers[v] if c in step]
+        for size in sizes[u]:
+            events.setdefault(depth[u], []).append(((u, size), +1))
+            events.setdefault(max(readers) + 1, []).append(((u, size), -1))
+    live: dict[tuple[int, int], int] = {}
+    best: list[tuple[int, int]] = []
+    best_bytes = 0
+    for t in sorted(events):
+        for buffer, d in events[t]:
+            live[buffer] = live.get(buffer, 0) + d
+        total = sum(size * n for (_, size), n in live.items())
+        if total > best_bytes:
+            best_bytes = total
+            best = [buffer for buffer, n in live.items() for _ in range(n)]
+    return best
