@@ -139,12 +139,14 @@ def stored_in_slots(
     :func:`remat_opt._memory.calibrate` fits those to XLA's peak for the plain
     program, slots included. With names, XLA lays them over gradient slots
     like any stored value: in the zoo U-Net's CP-SAT plan at a 3.05 MiB
-    budget (stored values computed once, :mod:`remat_opt._once`), the last
-    segment's two concatenations (transposed), a convolution's output and a
-    ``tanh`` sit in the gradient buffers of its convolutions at its peak;
-    without them that plan and one other were over-predicted by 7.0% and
-    6.8%, with them all 25 named plans measured with their stored values
-    computed once fall within 5% (-5.0..+4.4%; jax 0.10.2, XLA:CPU). Names:
+    budget (Pareto sweep at 2ac7f41; stored values computed once,
+    :mod:`remat_opt._once`), the last segment's two concatenations
+    (transposed), a convolution's output and a ``tanh`` sit in the gradient
+    buffers of its convolutions at its peak. Without them that plan and one
+    other were over-predicted by 7.0% and 6.8%; with them all 21 named plans
+    of ``experiments/schedule_fidelity.py``, measured with their stored
+    values computed once, fall within 5% (-5.0..+4.4%; jax 0.10.2, XLA:CPU).
+    Names:
     in XLA's buffer assignment for the zoo U-Net's CP-SAT plans that save 70
     names, the names sit in the gradient buffers of its convolutions, which
     the plain program fills with transposed kernels instead; without them
