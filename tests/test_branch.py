@@ -3,7 +3,7 @@
 import jax.numpy as jnp
 import pytest
 
-from remat_opt import Schedule, _memory
+from remat_opt import Schedule, _branch
 from remat_opt._memory import simulate
 from remat_opt._optimize import apply_schedule
 from remat_opt._reference import reference
@@ -36,7 +36,7 @@ def test_prediction_follows_xla_where_the_at_once_count_does_not(branch_referenc
         measured = ref.peak(apply_schedule(ref.fn, graph, schedule))
         predicted = simulate(graph, schedule).peak_bytes
         with monkeypatch.context() as m:  # every recomputed buffer live at once
-            m.setattr(_memory, "live_at_peak", lambda g, members, recomputed, sizes: [
+            m.setattr(_branch, "live_at_peak", lambda g, members, recomputed, sizes: [
                 (u, size) for u in members if u in recomputed for size in sizes.get(u, ())])
             at_once = simulate(graph, schedule).peak_bytes
         # Measured (jax 0.10.2, XLA:CPU): +27/+8/+4% of XLA's peak, against +47/+24/+20% at once.

@@ -74,3 +74,25 @@ def live_at_peak(graph: ProgramGraph, members: Iterable[int], recomputed: set[in
             best_bytes = total
             best = [buffer for buffer, n in live.items() for _ in range(n)]
     return best
+
+
+def live_per_segment(graph: ProgramGraph, seg_of: tuple[int, ...], remat_sizes: dict[int, list[int]],
+                     as_written: set[int]) -> dict[int, list[tuple[int, int]]]:
+    """:func:`live_at_peak` of every fenced segment that rematerializes a buffer.
+
+    Args:
+        graph: the program graph.
+        seg_of: the segment of each position.
+        remat_sizes: per recomputed unit, the sizes of the buffers it writes.
+        as_written: segments that run as written (not fenced; skipped).
+    """
+    members: dict[int, list[int]] = {}
+    for u in graph.units:
+        members.setdefault(seg_of[u.position], []).append(u.index)
+    recomputed = set(remat_sizes)
+    out = {}
+    for j, here in members.items():
+        sizes = {u: remat_sizes[u] for u in here if u in recomputed}
+        if j not in as_written and any(sizes.values()):
+            out[j] = live_at_peak(graph, here, recomputed, sizes)
+    return out

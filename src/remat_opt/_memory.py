@@ -104,7 +104,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ._branch import live_at_peak
+from ._branch import live_per_segment
 from ._graph import ProgramGraph
 from ._schedule import Schedule, Simulation, nested_ranges, segment_of_positions
 from ._slots import (
@@ -198,16 +198,17 @@ def rematerialized_sizes(
     for u in graph.units:
         for v in u.outputs:
             from_inputs[v] = all(from_inputs[w] for w in u.inputs)
+
+    def upcast(u: int) -> bool:
+        unit = graph.units[u]
+        return unit.primitive == "convert_element_type" and all(from_inputs[v] for v in unit.outputs)
+
     sizes: dict[int, list[int]] = {}
     for u in recomputed:
-        unit = graph.units[u]
-        if unit.primitive == "convert_element_type" and all(from_inputs[v] for v in unit.outputs):
-            continue
-        sizes.setdefault(seg_of[unit.position], []).extend(remat_buffer_sizes(graph, u, kept))
+        if not upcast(u):
+            sizes.setdefault(seg_of[graph.units[u].position], []).extend(remat_buffer_sizes(graph, u, kept))
     for j, buffers in (live or {}).items():  # what is live together, where known (_branch)
-        sizes[j] = [size for u, size in buffers if not (
-            graph.units[u].primitive == "convert_element_type"
-            and all(from_inputs[v] for v in graph.units[u].outputs))]
+        sizes[j] = [size for u, size in buffers if not upcast(u)]
     return sizes
 
 
@@ -433,22 +434,16 @@ def simulate(graph: ProgramGraph, schedule: Schedule, *, planning: bool = False)
                 live_buffers[j].add(graph.buffer[v])
     rematerialized = [0] * num_segments
     kept = kept_buffers(graph)
-    for u in recomputed:
-        rematerialized[seg_of[units[u].position]] += remat_bytes(graph, u, kept)
+    remat_sizes = {u: remat_buffer_sizes(graph, u, kept) for u in recomputed}
+    for u, sizes in remat_sizes.items():
+        rematerialized[seg_of[units[u].position]] += sum(sizes)
     # The prediction: XLA runs each fenced branch breadth-first, so not all of
     # it is live at once (_branch). CP-SAT plans with all of it.
     branch_live: dict[int, list[tuple[int, int]]] = {}
-    if not planning and not schedule.nested and recomputed:
-        members: dict[int, list[int]] = {}
-        for u in units:
-            members.setdefault(seg_of[u.position], []).append(u.index)
-        for j, here in members.items():
-            if j in as_written:
-                continue
-            sizes = {u: remat_buffer_sizes(graph, u, kept) for u in here if u in recomputed}
-            if any(sizes.values()):
-                branch_live[j] = live_at_peak(graph, here, recomputed, sizes)
-                rematerialized[j] = sum(size for _, size in branch_live[j])
+    if not planning and not schedule.nested:
+        branch_live = live_per_segment(graph, seg_of, remat_sizes, as_written)
+        for j, buffers in branch_live.items():
+            rematerialized[j] = sum(size for _, size in buffers)
     for b in {graph.buffer[v] for v in range(graph.num_nodes) if materialized(graph, v) and not graph.is_output[v]}:
         if b >= 0 and node_seg[b] in as_written:
             rematerialized[node_seg[b]] += tail_extra_bytes(graph, b, bool(schedule.saved) and not planning)
