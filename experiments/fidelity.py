@@ -8,19 +8,48 @@ measured) / measured``. A positive error is a conservative model (budget left
 unused); a negative one is a plan XLA measured over its prediction, which
 ``optimize`` catches by re-solving under a tightened target.
 
+With ``--repredict``, every plan stored with its schedule is predicted again
+by the memory model as it is now (XLA's measurement is kept; the sweep's own
+prediction stays in ``sweep_predicted_peak_bytes``): a model change is judged
+on the sweep's plans in seconds, without the hour the sweep takes. The plans
+are still the ones the sweep's code chose.
+
 Usage:
     python experiments/pareto.py            # first, to measure the plans
-    python experiments/fidelity.py [--csv experiments/results/pareto.csv]
+    python experiments/fidelity.py [--csv experiments/results/pareto.csv] [--repredict]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, MiB, command, read_csv, stamp, write_csv  # noqa: E402
+from schedule_fidelity import model_reference  # noqa: E402
+
+from remat_opt._memory import simulate  # noqa: E402
+from remat_opt._schedule import Schedule  # noqa: E402
+from remat_opt.zoo import MODELS  # noqa: E402
+
+
+def repredict(rows: list[dict]) -> list[dict]:
+    """``rows`` with each stored schedule predicted by today's model; the
+    sweep's prediction moves to ``sweep_predicted_peak_bytes``."""
+    graphs = {}
+    out = []
+    for r in rows:
+        if r.get("schedule"):
+            key = (r["model"], r["config"])
+            if key not in graphs:
+                config = type(MODELS[r["model"]].default_config)(**json.loads(r["config"]))
+                graphs[key] = model_reference(r["model"], config)[0].graph
+            predicted = simulate(graphs[key], Schedule.from_json(r["schedule"])).peak_bytes
+            r = {**r, "sweep_predicted_peak_bytes": r["predicted_peak_bytes"], "predicted_peak_bytes": predicted}
+        out.append(r)
+    return out
 
 
 def relative_errors(rows: list[dict]) -> list[dict]:
@@ -30,11 +59,14 @@ def relative_errors(rows: list[dict]) -> list[dict]:
         if not r.get("predicted_peak_bytes") or not r.get("measured_peak_bytes"):
             continue
         predicted, measured = int(r["predicted_peak_bytes"]), int(r["measured_peak_bytes"])
-        out.append({
+        point = {
             "model": r["model"], "strategy": r["strategy"], "budget_bytes": r["budget_bytes"],
             "status": r["status"], "predicted_peak_bytes": predicted, "measured_peak_bytes": measured,
             "relative_error": (predicted - measured) / measured,
-        })
+        }
+        if r.get("sweep_predicted_peak_bytes"):
+            point["sweep_predicted_peak_bytes"] = int(r["sweep_predicted_peak_bytes"])
+        out.append(point)
     return out
 
 
@@ -64,11 +96,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--csv", type=Path, default=RESULTS / "pareto.csv")
     parser.add_argument("--out", type=Path, default=None, help="folder for fidelity.csv/png (default: the CSV's)")
+    parser.add_argument("--repredict", action="store_true",
+                        help="predict the stored schedules again with today's model (seconds a model)")
     args = parser.parse_args(argv)
     if not args.csv.exists():
         parser.error(f"{args.csv} does not exist; run experiments/pareto.py first.")
     out = args.out or args.csv.parent
-    points = relative_errors(read_csv(args.csv))
+    rows = read_csv(args.csv)
+    if args.repredict:
+        if not any(r.get("schedule") for r in rows):
+            parser.error(f"{args.csv} stores no schedules (written before pareto.py stored them); run pareto.py again.")
+        rows = repredict(rows)
+    points = relative_errors(rows)
     if not points:
         parser.error(f"{args.csv} has no plan with both a predicted and a measured peak.")
     header = f"{stamp()}\nreproduce: {command()}"

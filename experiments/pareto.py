@@ -13,8 +13,10 @@ gradient's), and optionally as the median wall time of the jitted step
 (``--time``). A baseline is *dominated* when remat_opt, given that baseline's
 measured peak as its budget, fits it with no more recompute FLOPs.
 
-Writes ``results/pareto.csv`` (one row per point; ``fidelity.py`` reads it) and
-``results/pareto.png``, stamped with the jax version and machine.
+Writes ``results/pareto.csv`` (one row per point, with the model's config and,
+for a plan on the program graph, its schedule as JSON: ``fidelity.py`` reads
+it, and re-predicts the stored schedules with ``--repredict`` after a model
+change) and ``results/pareto.png``, stamped with the jax version and machine.
 
 Usage:
     python experiments/pareto.py [--models mlp,resnet,unet,gpt] [--budgets 6] [--time]
@@ -24,6 +26,8 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import sys
 import time
 from pathlib import Path
@@ -74,7 +78,7 @@ def min_budget(loss, params, batch, options: remat_opt.SolverOptions) -> int:
     raise AssertionError("a one-byte budget was met")
 
 
-def row(model: str, plan: remat_opt.Plan, kind: str, seconds: float | None, error: str = "") -> dict:
+def row(model: str, config, plan: remat_opt.Plan, kind: str, seconds: float | None) -> dict:
     flops = plan.measured_recompute_flops if plan.measured_recompute_flops is not None else plan.recompute_flops
     return {
         "model": model,
@@ -92,7 +96,9 @@ def row(model: str, plan: remat_opt.Plan, kind: str, seconds: float | None, erro
         "status": plan.status,
         "gap": plan.gap,
         "solve_seconds": plan.solve_seconds,
-        "error": error,
+        "error": "",
+        "config": json.dumps(dataclasses.asdict(config)),
+        "schedule": plan.schedule.to_json() if plan.schedule is not None else "",
     }
 
 
@@ -105,7 +111,7 @@ def run_model(name: str, config, budgets: int, policies, options, timed: bool, q
     rows = []
     for plan in remat_opt.all_baselines(spec, params, batch, plain, policies=policies):
         seconds = step_seconds(program_of(spec, plan, params, batch), args) if timed else None
-        rows.append(row(name, plan, "baseline", seconds))
+        rows.append(row(name, config, plan, "baseline", seconds))
         print(f"  {plan.strategy:45s} peak {plan.measured_peak_bytes / MiB:8.2f} MiB  "
               f"+{rows[-1]['overhead']:.1%} FLOPs", flush=True)
     lowest = min_budget(spec.loss, params, batch, options)
@@ -127,7 +133,7 @@ def run_model(name: str, config, budgets: int, policies, options, timed: bool, q
                          "error": type(err).__name__})
             continue
         seconds = step_seconds(step, args) if timed else None
-        rows.append(row(name, plan, kind, seconds))
+        rows.append(row(name, config, plan, kind, seconds))
         print(f"  remat_opt budget {budget / MiB:8.2f} MiB  peak {plan.measured_peak_bytes / MiB:8.2f} "
               f"(predicted {plan.predicted_peak_bytes / MiB:8.2f})  +{rows[-1]['overhead']:.1%} FLOPs  "
               f"{plan.status} {plan.solve_seconds:.0f}s", flush=True)

@@ -20,18 +20,19 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, command, read_csv, stamp, write_csv  # noqa: E402
-from schedule_fidelity import CSV, from_json, model_reference  # noqa: E402
+from schedule_fidelity import CSV, model_reference  # noqa: E402
 
 from remat_opt._memory import simulate  # noqa: E402
 from remat_opt._once import once_values  # noqa: E402
 from remat_opt._optimize import apply_schedule  # noqa: E402
+from remat_opt._schedule import Schedule  # noqa: E402
 
 
 def measure(models: list[str]) -> list[dict]:
     rows = []
     refs = {}
     for r in read_csv(CSV):
-        schedule = from_json(r["schedule"])
+        schedule = Schedule.from_json(r["schedule"])
         if r["model"] not in models or not schedule.saved:
             continue
         if r["model"] not in refs:

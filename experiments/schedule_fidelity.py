@@ -21,7 +21,6 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -43,24 +42,10 @@ from remat_opt.zoo import MODELS  # noqa: E402
 CSV = RESULTS / "schedule_fidelity.csv"
 
 
-def to_json(schedule: Schedule) -> str:
-    def tree(s: Schedule) -> dict:
-        return {"cuts": sorted(s.cuts), "saved": sorted(s.saved), "plain": s.plain,
-                "nested": [[start, tree(inner)] for start, inner in s.nested]}
-    return json.dumps(tree(schedule), separators=(",", ":"))
-
-
-def from_json(text: str) -> Schedule:
-    def tree(d: dict) -> Schedule:
-        return Schedule(cuts=frozenset(d["cuts"]), saved=frozenset(d["saved"]), plain=d["plain"],
-                        nested=tuple((start, tree(inner)) for start, inner in d["nested"]))
-    return tree(json.loads(text))
-
-
-def model_reference(name: str) -> tuple[Reference, tuple]:
-    """The zoo model's default config, its plain peak and its calibrated graph."""
+def model_reference(name: str, config=None) -> tuple[Reference, tuple]:
+    """The zoo model (its default config unless given), its plain peak and its calibrated graph."""
     spec = MODELS[name]
-    params, batch = spec.init(spec.default_config, jax.random.PRNGKey(0))
+    params, batch = spec.init(config or spec.default_config, jax.random.PRNGKey(0))
     return reference(spec.loss, (params, batch), {}, 0, 1 << 40, None), (params, batch)
 
 
@@ -99,7 +84,7 @@ def collect(names: list[str], plans: bool) -> list[dict]:
             seen.add(schedule)
             measured = ref.peak(apply_schedule(ref.fn, ref.graph, schedule))
             rows.append({"model": name, "label": label, "measured_peak_bytes": measured,
-                         "schedule": to_json(schedule)})
+                         "schedule": schedule.to_json()})
             print(f"  {name} {label}: measured {measured}", flush=True)
     return rows
 
@@ -111,7 +96,7 @@ def remeasure(rows: list[dict], models: list[str]) -> list[dict]:
     refs: dict[str, Reference] = {}
     out = []
     for r in rows:
-        schedule = from_json(r["schedule"])
+        schedule = Schedule.from_json(r["schedule"])
         if r["model"] in models and schedule.saved:
             if r["model"] not in refs:
                 refs[r["model"]] = model_reference(r["model"])[0]
@@ -130,7 +115,7 @@ def check(rows: list[dict]) -> list[dict]:
     for r in rows:
         if r["model"] not in graphs:
             graphs[r["model"]] = model_reference(r["model"])[0].graph
-        predicted = simulate(graphs[r["model"]], from_json(r["schedule"])).peak_bytes
+        predicted = simulate(graphs[r["model"]], Schedule.from_json(r["schedule"])).peak_bytes
         measured = int(r["measured_peak_bytes"])
         out.append({**r, "predicted_peak_bytes": predicted, "relative_error": (predicted - measured) / measured})
     return out

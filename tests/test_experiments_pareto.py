@@ -1,4 +1,4 @@
-"""``experiments/pareto.py --quick``, then ``fidelity.py`` on its output, run as a user would.
+"""``experiments/pareto.py --quick``, then ``fidelity.py`` on its output (and re-predicted), run as a user would.
 
 A file of its own: the longest experiment test, which pytest-xdist (a file to a
 worker) then runs beside the other experiment tests instead of after them.
@@ -24,3 +24,10 @@ def test_pareto_and_fidelity_quick(tmp_path):
     assert "max |relative error|" in report
     points = read_rows(tmp_path / "fidelity.csv")
     assert len(points) >= len(ours)
+
+    # The stored schedules, predicted again by the same model, give the sweep's predictions back.
+    assert all(r["schedule"] for r in ours)
+    run_script("fidelity.py", "--csv", str(tmp_path / "pareto.csv"), "--repredict", "--out", str(tmp_path / "re"))
+    again = [p for p in read_rows(tmp_path / "re" / "fidelity.csv") if p["sweep_predicted_peak_bytes"]]
+    assert len(again) >= len(ours)
+    assert all(p["predicted_peak_bytes"] == p["sweep_predicted_peak_bytes"] for p in again)

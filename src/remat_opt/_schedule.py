@@ -9,6 +9,7 @@ the memory model (:mod:`remat_opt._memory`) simulates it into a
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 
@@ -41,6 +42,23 @@ class Schedule:
     def depth(self) -> int:
         """Levels of checkpointing: 1 without nesting."""
         return 1 + max((inner.depth() for _, inner in self.nested), default=0)
+
+    def to_json(self) -> str:
+        """The decisions as compact JSON, to store a plan beside its measurement
+        (:meth:`from_json` reads it back; node ids and positions are those of
+        the program graph traced from the same function and argument shapes)."""
+        def tree(s: Schedule) -> dict:
+            return {"cuts": sorted(s.cuts), "saved": sorted(s.saved), "plain": s.plain,
+                    "nested": [[start, tree(inner)] for start, inner in s.nested]}
+        return json.dumps(tree(self), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> Schedule:
+        """The schedule :meth:`to_json` wrote."""
+        def tree(d: dict) -> Schedule:
+            return cls(cuts=frozenset(d["cuts"]), saved=frozenset(d["saved"]), plain=d["plain"],
+                       nested=tuple((start, tree(inner)) for start, inner in d["nested"]))
+        return tree(json.loads(text))
 
 
 @dataclass(frozen=True)
