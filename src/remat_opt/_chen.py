@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import math
 
+from ._fusion import materialized
 from ._graph import ProgramGraph
-from ._memory import materialized
 from ._schedule import Schedule
 
 

@@ -86,9 +86,10 @@ reads, and what XLA's passes leave of that, the schedule does not tell
 :mod:`remat_opt._once` uses that rule to end the chains of plans that
 save names (``optimize``'s default), which the model then counts as written:
 in those plans, the prediction stores a value crossing a cut only for
-segments whose backward reads it (:func:`_read_copies`) and lays the last
+segments whose backward reads it (:func:`_read_copies`), lays the last
 segment's residuals over gradient slots too
-(:func:`remat_opt._slots.stored_in_slots`).
+(:func:`remat_opt._slots.stored_in_slots`), and holds no source of a fused
+residual that reads a value computed once (:func:`remat_opt._once.held_when_once`).
 
 Nested schedules (:attr:`Schedule.nested`, built by :mod:`remat_opt._nesting`)
 follow the same rules on the segments of every level at once: a nested
@@ -105,7 +106,9 @@ from __future__ import annotations
 import dataclasses
 
 from ._branch import live_per_segment
+from ._fusion import materialized, read_by_backward
 from ._graph import ProgramGraph
+from ._once import held_when_once
 from ._schedule import Schedule, Simulation, nested_ranges, segment_of_positions
 from ._slots import (
     gradient_slots,
@@ -150,20 +153,6 @@ def transient_bytes(graph: ProgramGraph, unit: int, recomputed: bool = False) ->
     if recomputed and u.primitive in SCALING_PRIMITIVES and any(0 < graph.node_bytes[v] < out for v in u.inputs):
         return 2 * out
     return out
-
-
-def read_by_backward(graph: ProgramGraph, node: int) -> bool:
-    """Whether the backward reads the value: a residual, or a held source."""
-    return graph.residual[node] or bool(graph.held and graph.held[node])
-
-
-def materialized(graph: ProgramGraph, node: int) -> bool:
-    """Whether the backward holds a buffer for the value: a residual XLA does not
-    fuse away, or the source a fused residual is recomputed from
-    (:attr:`ProgramGraph.held`)."""
-    if graph.held and graph.held[node]:
-        return True
-    return graph.residual[node] and not (graph.fused and graph.fused[node])
 
 
 def kept_buffers(graph: ProgramGraph) -> frozenset[int]:
@@ -346,6 +335,8 @@ def simulate(graph: ProgramGraph, schedule: Schedule, *, planning: bool = False)
     so its own segment's recomputation reads it instead of recomputing it,
     and then JAX keeps it, like a saved name, until that segment's backward.
     """
+    if not planning:
+        graph = held_when_once(graph, schedule)
     units = graph.units
     ranges = nested_ranges(schedule, graph.num_positions)
     seg_of = segment_of_positions(graph.num_positions, schedule.all_cuts())

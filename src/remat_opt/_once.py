@@ -41,14 +41,15 @@ leaves it live (:mod:`remat_opt._branch`).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
+from ._fusion import fused_sources, materialized
 from ._graph import ProgramGraph
-from ._memory import materialized
 from ._names import parse_value_name
 from ._schedule import Schedule, segment_of_positions
 
@@ -89,12 +90,11 @@ def _producer_duplicable(graph: ProgramGraph, node: int) -> bool:
     return sum(math.prod(graph.node_shape[w]) for w in operands) > math.prod(graph.node_shape[node])
 
 
-def once_values(graph: ProgramGraph, schedule: Schedule) -> frozenset[tuple[int, int]]:
-    """The primal outputs ``(equation, output)`` :func:`computed_once` wraps under ``schedule``.
-
-    Those the schedule stores (saved by name, read past their segment, or
-    residuals of the last segment, which runs as written) and that XLA would
-    otherwise duplicate; none where the schedule saves no names, or nests.
+def stored_once(graph: ProgramGraph, schedule: Schedule) -> frozenset[int]:
+    """The nodes :func:`computed_once` wraps under ``schedule``: the ``name``
+    outputs of values the schedule stores (saved by name, read past their
+    segment, or residuals of the last segment, which runs as written) that XLA
+    would otherwise duplicate; none where the schedule saves no names, or nests.
     """
     if not schedule.saved or schedule.nested or schedule.plain:
         return frozenset()
@@ -109,7 +109,24 @@ def once_values(graph: ProgramGraph, schedule: Schedule) -> frozenset[tuple[int,
     out = set()
     for v in stored:
         unit = graph.units[graph.node_unit[v]]
-        named = parse_value_name(unit.name) if unit.name else None
-        if named is not None and _producer_duplicable(graph, unit.inputs[0]):
-            out.add(named)
+        if unit.name and parse_value_name(unit.name) is not None and _producer_duplicable(graph, unit.inputs[0]):
+            out.add(v)
     return frozenset(out)
+
+
+def once_values(graph: ProgramGraph, schedule: Schedule) -> frozenset[tuple[int, int]]:
+    """The primal outputs ``(equation, output)`` :func:`computed_once` wraps under
+    ``schedule`` (those of :func:`stored_once`)."""
+    return frozenset(parse_value_name(graph.units[graph.node_unit[v]].name) for v in stored_once(graph, schedule))
+
+
+def held_when_once(graph: ProgramGraph, schedule: Schedule) -> ProgramGraph:
+    """``graph`` with the values XLA holds for fused residuals once ``schedule``'s
+    stored values are computed once: a fused residual read from such a value is
+    recomputed from it, not from its sources (:func:`remat_opt._fusion.fused_sources`).
+    ``graph`` itself where nothing is computed once."""
+    once = stored_once(graph, schedule)
+    if not once or not graph.held:
+        return graph
+    held = fused_sources(graph.units, graph.node_unit, graph.residual, graph.buffer, graph.fused, once)
+    return dataclasses.replace(graph, held=held)
