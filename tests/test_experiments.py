@@ -55,11 +55,15 @@ def test_loop_fidelity_quick(tmp_path):
 
 def test_schedule_fidelity_holds_on_the_measured_schedules():
     """The memory model re-predicts the committed set of XLA-measured schedules
-    (Chen's, Revolve's and CP-SAT's on the zoo models) within 5% but for a few:
-    a model change that breaks it shows here, not in a sweep. Measured: 109 of
-    117 within 5%, -5.5% .. +10.6% at the commit that added it; 113 of 117,
+    (Chen's, Revolve's and CP-SAT's on the zoo models) within 5%: a model
+    change that breaks it shows here, not in a sweep. Measured: 109 of 117
+    within 5%, -5.5% .. +10.6% at the commit that added it; 113 of 117,
     -5.0% .. +6.3% once saved names were laid over gradient slots and nested
-    segments held their cotangents through their last segment."""
+    segments held their cotangents through their last segment; all 118,
+    -5.0% .. +4.8%, once values computed once freed their sources, values
+    crossing into a segment that does not read them went unstored, and
+    recomputed values took the gradient slots of matmul weights read before
+    them."""
     sys.path.insert(0, str(EXPERIMENTS))
     import schedule_fidelity
     from common import read_csv
@@ -68,6 +72,5 @@ def test_schedule_fidelity_holds_on_the_measured_schedules():
     assert {r["model"] for r in rows} == {"gpt", "mlp", "resnet", "unet"} and len(rows) > 100
     checked = schedule_fidelity.check(rows)
     errors = [r["relative_error"] for r in checked]
-    assert -0.06 <= min(errors) and max(errors) <= 0.07, schedule_fidelity.summary(checked)
-    assert sum(abs(e) <= 0.05 for e in errors) >= 0.95 * len(errors), schedule_fidelity.summary(checked)
+    assert max(abs(e) for e in errors) <= 0.05, schedule_fidelity.summary(checked)
     assert "all " in schedule_fidelity.summary(checked)

@@ -6,7 +6,7 @@ import itertools
 import jax.numpy as jnp
 import pytest
 
-from remat_opt import InfeasibleBudgetError, Schedule
+from remat_opt import InfeasibleBudgetError, Schedule, _memory
 from remat_opt._encoding import cut_candidates, save_candidates
 from remat_opt._graph import build_graph
 from remat_opt._memory import simulate, tail_extra_bytes
@@ -200,25 +200,41 @@ def test_saved_names_take_slots_from_code_run_as_written():
 
 
 def test_best_fit_credit_lays_the_largest_first():
-    free = ((512, 0), (2048, 0))
-    assert best_fit_credit([512, 2048], free) == 2560
-    assert best_fit_credit([1024, 1024], free) == 1024  # one a slot; 512 is too small
-    assert best_fit_credit([4096], free) == 0
+    free = ((512, 0), (2048, 0))  # (bytes, position of the input's last reader)
+    assert best_fit_credit([(5, 512), (5, 2048)], free) == 2560  # (position, bytes)
+    assert best_fit_credit([(5, 1024), (5, 1024)], free) == 1024  # one a slot; 512 is too small
+    assert best_fit_credit([(5, 4096)], free) == 0
     assert best_fit_credit([], free) == 0
 
 
-def test_stored_values_fill_free_gradient_slots():
+def test_best_fit_credit_only_in_slots_read_before_the_buffer():
+    free = ((1024, 10), (1024, 20))
+    assert best_fit_credit([(15, 1024), (25, 1024)], free) == 2048
+    # Buffers computed before a slot's last read: only the slot read at 10 fits them, and once.
+    assert best_fit_credit([(15, 1024), (15, 1024)], free) == 1024
+    assert best_fit_credit([(5, 1024)], free) == 0
+    # A slot read late is left to the buffer that needs it: 25 takes slot 20, 15 takes slot 10.
+    assert best_fit_credit([(25, 1024), (15, 512)], free) == 1536
+
+
+def test_stored_values_fill_free_gradient_slots(monkeypatch):
     """A stored activation as large as a weight is credited when a slot of an
-    earlier weight is free, at most once per stored buffer."""
+    earlier weight is free, at most once per stored buffer; what a fenced
+    segment recomputes also takes the slots of matmul weights read before it
+    inside the segment, one a slot."""
     fn, ws, x = PROGRAMS["chain_slots"]
     graph = _graph(fn, ws, x)
     assert [size for size, _ in gradient_slots(graph)] == [1024, 1024, 1024]
     without = dataclasses.replace(graph, input_readers=tuple(() for _ in graph.input_readers))  # no slots
-    credits = []
-    for cut in cut_candidates(graph, 64):
-        schedule = Schedule(frozenset({cut}))
-        credits.append(simulate(without, schedule).peak_bytes - simulate(graph, schedule).peak_bytes)
-    assert max(credits) == 1024 and min(credits) == 0
+
+    def credits():
+        schedules = [Schedule(frozenset({cut})) for cut in cut_candidates(graph, 64)]
+        return [simulate(without, s).peak_bytes - simulate(graph, s).peak_bytes for s in schedules]
+
+    assert max(credits()) == 3 * 1024 and min(credits()) == 0  # the three weights' slots, each once
+    # A convolution's kernel gradient holds its transposed kernel: only slots read before the segment.
+    monkeypatch.setattr(_memory, "matmul_slots", lambda graph: (False,) * len(gradient_slots(graph)))
+    assert max(credits()) == 1024 and min(credits()) == 0
 
 
 def test_schedules_that_save_names_free_a_slot_from_the_next_segment():
@@ -226,10 +242,10 @@ def test_schedules_that_save_names_free_a_slot_from_the_next_segment():
     prediction; the planning model (CP-SAT's) credits no slot there."""
     slots = ((1024, 3), (1024, 7), (512, 1))
     moved = segment_slots(slots, {5, 9}, 12)
-    assert moved == ((512, 4), (1024, 4), (1024, 8))
+    assert moved == ((1024, 4), (1024, 8), (512, 4))  # in the same order
     assert slot_credit([(1024, 4)], slots) == 1024 and slot_credit([(1024, 4)], moved) == 0  # same segment
     assert slot_credit([(1024, 5)], moved) == 1024  # the next segment
-    assert segment_slots(slots, set(), 12) == ((512, 11), (1024, 11), (1024, 11))  # one segment: none free
+    assert segment_slots(slots, set(), 12) == ((1024, 11), (1024, 11), (512, 11))  # one segment: none free
     fn, ws, x = PROGRAMS["chain_slots"]
     graph = _graph(fn, ws, x)
     without = dataclasses.replace(graph, input_readers=tuple(() for _ in graph.input_readers))  # no slots

@@ -21,13 +21,16 @@ The peak during the backward of segment J is
                                             model does not simulate)
   + stored values live at J                (saved names of segments <= J, boundary
                                             values whose first reader outside their
-                                            own segment is in a segment <= J)
+                                            own segment is in a segment <= J; in the
+                                            prediction, whose backward reads them)
   - stored values in gradient slots        (values XLA lays over the output buffer,
                                             as large or larger, of a gradient not yet
                                             written; in schedules that save names,
                                             from a segment later: :mod:`remat_opt._slots`)
   + recomputed residuals of J
-  - recomputed residuals in gradient slots (those the stored values leave free)
+  - recomputed residuals in gradient slots (those the stored values leave free, read
+                                            before J, or a matmul weight's read
+                                            before the residual, in the prediction)
   + relayout copies of J                   (stored values in a transposed layout that
                                             J's backward reads: XLA copies each one
                                             into row-major when the branch starts)
@@ -52,17 +55,16 @@ slots of their own size, and none in schedules that save names. The
 prediction follows XLA's buffer assigner more closely
 (:func:`remat_opt._slots.assign_stored_buffers`: values stored across a cut
 and saved names, each once for the whole step, in any slot as large; then a
-fenced segment's rematerialized buffers in the slots left free).
+fenced segment's rematerialized buffers in the slots left free:
+:func:`remat_opt._slots.predicted_slot_credit`).
 
 Known gaps, measured in XLA's buffer assignment (jax 0.10.2, XLA:CPU) and
 not modelled yet: XLA's assignment is global and also places temporaries
 the model does not list (weight relayouts, cotangents), so the slot credit
-is approximate: within 5% of XLA's peak on 113 of 117 measured schedules of
+is approximate: within 5% of XLA's peak on all 118 measured schedules of
 the zoo models (``experiments/schedule_fidelity.py``: Chen's, Chen's
 greedy, Revolve and CP-SAT's plans), -5.0% (CP-SAT's demo GPT plan at 0.3
-of its plain peak) .. +6.3% (Chen's greedy on the GPT: XLA writes an MLP's cotangent over a
-recomputed input it no longer needs, where the model adds it on top;
-charging that under-predicted four other schedules by 5-6%). A cut just
+of its plain peak) .. +4.8% (Revolve's trees on the ResNet). A cut just
 before an elementwise op whose input then crosses costs one activation
 more than modelled. The model has no forward peak, where XLA can peak: its
 fusions recompute a residual stream from the branch outputs added into it
@@ -85,8 +87,7 @@ reads, and what XLA's passes leave of that, the schedule does not tell
 (Chen's plan: 16 raw stream adds in the HLO JAX emits, 4 computed once).
 :mod:`remat_opt._once` uses that rule to end the chains of plans that
 save names (``optimize``'s default), which the model then counts as written:
-in those plans, the prediction stores a value crossing a cut only for
-segments whose backward reads it (:func:`_read_copies`), lays the last
+in those plans, the prediction lays the last
 segment's residuals over gradient slots too
 (:func:`remat_opt._slots.stored_in_slots`), and holds no source of a fused
 residual that reads a value computed once (:func:`remat_opt._once.held_when_once`).
@@ -112,6 +113,7 @@ from ._once import held_when_once
 from ._schedule import Schedule, Simulation, nested_ranges, segment_of_positions
 from ._slots import (
     gradient_slots,
+    matmul_slots,
     predicted_slot_credit,
     segment_slots,
     slot_candidates,
@@ -175,12 +177,12 @@ def remat_buffer_sizes(graph: ProgramGraph, unit: int, kept: frozenset[int]) -> 
     return [graph.node_bytes[v] for v in graph.units[unit].outputs if graph.buffer[v] == v and v in kept]
 
 
-def rematerialized_sizes(
+def rematerialized_buffers(
     graph: ProgramGraph, recomputed: set[int], seg_of: tuple[int, ...], kept: frozenset[int],
     live: dict[int, list[tuple[int, int]]] | None = None,
-) -> dict[int, list[int]]:
-    """Per segment, the sizes of the buffers its backward rematerializes,
-    except float32 upcasts of parameters (mixed precision), which no
+) -> dict[int, list[tuple[int, int]]]:
+    """Per segment, the buffers its backward rematerializes, as ``(position,
+    bytes)``, except float32 upcasts of parameters (mixed precision), which no
     gradient slot hosts: crediting them under-predicted the bf16 MLP of
     tests/test_mixed_precision.py by 6%."""
     from_inputs = [False] * graph.num_nodes  # computed from program inputs alone
@@ -192,13 +194,14 @@ def rematerialized_sizes(
         unit = graph.units[u]
         return unit.primitive == "convert_element_type" and all(from_inputs[v] for v in unit.outputs)
 
-    sizes: dict[int, list[int]] = {}
+    out: dict[int, list[tuple[int, int]]] = {}
     for u in recomputed:
         if not upcast(u):
-            sizes.setdefault(seg_of[graph.units[u].position], []).extend(remat_buffer_sizes(graph, u, kept))
+            position = graph.units[u].position
+            out.setdefault(seg_of[position], []).extend((position, z) for z in remat_buffer_sizes(graph, u, kept))
     for j, buffers in (live or {}).items():  # what is live together, where known (_branch)
-        sizes[j] = [size for u, size in buffers if not upcast(u)]
-    return sizes
+        out[j] = [(graph.units[u].position, size) for u, size in buffers if not upcast(u)]
+    return out
 
 
 def relayout_bytes(
@@ -280,17 +283,23 @@ def _read_copies(
     seg_of: tuple[int, ...], node_seg: list[int],
 ) -> list[tuple[int, int, int, int]]:
     """The top level's values stored across a cut, from the first segment whose
-    backward reads them (the prediction, in schedules that save names).
+    backward reads them (the prediction, in schedules without nesting).
 
-    A segment that saves names may recompute nothing that reads a value
-    crossing into it, and no transpose reads a value that is not a residual:
-    JAX then keeps no residual for it, and the value dies in the forward.
-    Measured (jax 0.10.2, XLA:CPU): in the small test GPT's plan at 0.85 of
-    its plain peak, XLA holds none of the 7 stream values the model had
-    stored across cuts that save their segment's stream adds, 0.22 MiB at
-    its peak; the model over-predicted that plan by 5.6% (+4.5% once the
-    conditionals of :mod:`remat_opt._once` became optimization barriers),
-    and predicts it within 1% with this rule.
+    A segment may recompute nothing that reads a value crossing into it (one
+    that saves names, or one whose code has no residual to recompute), and
+    no transpose reads a value that is not a residual: JAX then keeps no
+    residual for it, and the value dies in the forward. Measured (jax
+    0.10.2, XLA:CPU): in the small test GPT's plan at 0.85 of its plain
+    peak, XLA holds none of the 7 stream values the model had stored across
+    cuts that save their segment's stream adds, 0.22 MiB at its peak; the
+    model over-predicted that plan by 5.6% (+4.5% once the conditionals of
+    :mod:`remat_opt._once` became optimization barriers), and predicts it
+    within 1% with this rule. Chen's sqrt(n) segmentation of the zoo GPT
+    has six two-position segments, a bias added to the residual stream; XLA
+    holds none of the stream values crossing into them, and the model went
+    from +5.6% to -0.7% of its peak. Not with nesting: a nested segment's
+    backward reruns its forward, which reads them (the zoo MLP's Revolve
+    trees, -0.1% -> -3.8% with the rule).
     """
     residual_buffers = {graph.buffer[v] for v in range(graph.num_nodes) if read_by_backward(graph, v)}
     readers: dict[int, set[int]] = {}  # buffer -> segments whose recomputation reads it
@@ -396,7 +405,7 @@ def simulate(graph: ProgramGraph, schedule: Schedule, *, planning: bool = False)
         read = {w for u in recomputed for w in units[u].inputs}
         copies += [(v, 0, node_seg[v], num_segments - 1) for v in schedule.saved if graph.residual[v] or v in read]
         copies += [(v, level, node_seg[v], levels[level][1]) for v, level in outputs_only if v in read]
-        if not planning and schedule.saved:
+        if not planning and not schedule.nested:
             copies = _read_copies(graph, copies, recomputed, seg_of, node_seg)
     flops = sum(units[u].flops for u in recomputed & graph.primal)
 
@@ -473,8 +482,8 @@ def simulate(graph: ProgramGraph, schedule: Schedule, *, planning: bool = False)
         stored = stored_in_slots(graph, copies, node_seg, nested_copies, schedule.saved)
         slot_segments = [seg_of[min(last, graph.num_positions - 1)] for _, last in slots]
         fenced = {j: seg_start[j] for j in range(num_segments) if j not in as_written}
-        in_slots = predicted_slot_credit(stored, rematerialized_sizes(graph, recomputed, seg_of, kept, branch_live),
-                                         live_buffers, slots, slot_segments, fenced)
+        in_slots = predicted_slot_credit(stored, rematerialized_buffers(graph, recomputed, seg_of, kept, branch_live),
+                                         live_buffers, slots, slot_segments, fenced, matmul_slots(graph))
     peaks = [
         base + sum(graph.node_bytes[b] for b in live_buffers[j]) - in_slots[j] + rematerialized[j]
         + relayout_bytes(graph, schedule, seg_of, j, j in as_written) + transient[j]
