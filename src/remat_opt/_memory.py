@@ -178,11 +178,11 @@ def remat_buffer_sizes(graph: ProgramGraph, unit: int, kept: frozenset[int]) -> 
 
 
 def rematerialized_buffers(
-    graph: ProgramGraph, recomputed: set[int], seg_of: tuple[int, ...], kept: frozenset[int],
+    graph: ProgramGraph, remat_sizes: dict[int, list[int]], seg_of: tuple[int, ...],
     live: dict[int, list[tuple[int, int]]] | None = None,
 ) -> dict[int, list[tuple[int, int]]]:
-    """Per segment, the buffers its backward rematerializes, as ``(position,
-    bytes)``, except float32 upcasts of parameters (mixed precision), which no
+    """Per segment, the buffers its backward rematerializes (``remat_sizes``: per
+    recomputed unit, its buffer sizes), as ``(position, bytes)``, except float32 upcasts of parameters (mixed precision), which no
     gradient slot hosts: crediting them under-predicted the bf16 MLP of
     tests/test_mixed_precision.py by 6%."""
     from_inputs = [False] * graph.num_nodes  # computed from program inputs alone
@@ -195,10 +195,10 @@ def rematerialized_buffers(
         return unit.primitive == "convert_element_type" and all(from_inputs[v] for v in unit.outputs)
 
     out: dict[int, list[tuple[int, int]]] = {}
-    for u in recomputed:
+    for u, sizes in remat_sizes.items():
         if not upcast(u):
             position = graph.units[u].position
-            out.setdefault(seg_of[position], []).extend((position, z) for z in remat_buffer_sizes(graph, u, kept))
+            out.setdefault(seg_of[position], []).extend((position, z) for z in sizes)
     for j, buffers in (live or {}).items():  # what is live together, where known (_branch)
         out[j] = [(graph.units[u].position, size) for u, size in buffers if not upcast(u)]
     return out
@@ -482,7 +482,7 @@ def simulate(graph: ProgramGraph, schedule: Schedule, *, planning: bool = False)
         stored = stored_in_slots(graph, copies, node_seg, nested_copies, schedule.saved)
         slot_segments = [seg_of[min(last, graph.num_positions - 1)] for _, last in slots]
         fenced = {j: seg_start[j] for j in range(num_segments) if j not in as_written}
-        in_slots = predicted_slot_credit(stored, rematerialized_buffers(graph, recomputed, seg_of, kept, branch_live),
+        in_slots = predicted_slot_credit(stored, rematerialized_buffers(graph, remat_sizes, seg_of, branch_live),
                                          live_buffers, slots, slot_segments, fenced, matmul_slots(graph))
     peaks = [
         base + sum(graph.node_bytes[b] for b in live_buffers[j]) - in_slots[j] + rematerialized[j]
