@@ -63,11 +63,12 @@ from typing import Any, NamedTuple
 import jax
 
 import remat_opt
-from remat_opt import _chen, _policies
-from remat_opt._graph import build_graph
-from remat_opt._measure import abstract
+from remat_opt.rewrite import _policies
+from remat_opt.solve import _chen
+from remat_opt.memory import model_graph
+from remat_opt.memory._measure import abstract
 from remat_opt._optimize import apply_schedule
-from remat_opt._trace import trace
+from remat_opt.program._trace import trace
 from remat_opt.zoo import MODELS, GPTConfig, MLPConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -204,7 +205,7 @@ class Model(NamedTuple):
 
 def chen_program(loss: Callable[..., Any], args: tuple[Any, Any]) -> Callable[..., Any]:
     """``loss`` rewritten with Chen's sqrt(n) schedule, as ``remat_opt.chen_sqrt_n`` builds it."""
-    graph = build_graph(trace(loss, args, {}, (0,)), None)
+    graph = model_graph(trace(loss, args, {}, (0,)), None)
     return apply_schedule(loss, graph, _chen.chen_sqrt_n_schedule(graph))
 
 
@@ -224,7 +225,7 @@ def baseline_program(
     if kind == "chen_sqrt_n":
         return chen_program(loss, args)
     if kind == "revolve":  # its lowest-memory schedule, chosen by measuring, as remat_opt.revolve does
-        graph = build_graph(trace(loss, args, {}, (0,)), None)
+        graph = model_graph(trace(loss, args, {}, (0,)), None)
         return apply_schedule(loss, graph, remat_opt.revolve(loss, *args, budget_bytes=1).schedule)
     raise ValueError(f"unknown strategy {strategy!r}")
 

@@ -10,7 +10,7 @@ block as written or under ``nn.remat``); Equinox ``eqx.filter_checkpoint``
 around the scan body with each policy, and the scan nested in 3 or 4
 ``eqx.filter_checkpoint``-ed groups. Each: XLA's peak
 (:func:`remat_opt.peak_bytes`), the FLOPs it recomputes over the plain step
-(:func:`remat_opt._measure.gradient_flops`), and its gradients against the
+(:func:`remat_opt.memory._measure.gradient_flops`), and its gradients against the
 plain step's.
 
 Then remat_opt is asked for budgets below the plain peak: ``--fractions`` of
@@ -39,8 +39,8 @@ from typing import Any
 import jax
 
 import remat_opt
-from remat_opt._loops import near_sqrt_divisors
-from remat_opt._measure import gradient_flops
+from remat_opt.rewrite._loops import near_sqrt_divisors
+from remat_opt.memory._measure import gradient_flops
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, MiB, command, grad_error_over_tolerance, stamp, write_csv  # noqa: E402

@@ -2,11 +2,11 @@
 
 On the zoo GPT written with ``lax.scan`` over stacked layers
 (:func:`remat_opt.zoo.gpt.scan_loss`), every loop plan ``optimize`` measures
-(:mod:`remat_opt._loops`: a built-in policy on the body, the iterations in
+(:mod:`remat_opt.rewrite._loops`: a built-in policy on the body, the iterations in
 checkpointed groups, or both) is predicted by the memory model, as
 ``optimize`` predicts it (storage scale calibrated on the scan as written),
 and measured on XLA; beside it, what the model said before it charged a
-rematerializing body's rerun (:mod:`remat_opt._inner`).
+rematerializing body's rerun (:mod:`remat_opt.memory._inner`).
 
 Usage:
     python experiments/loop_fidelity.py [--layers 12] [--quick]
@@ -22,13 +22,13 @@ from pathlib import Path
 import jax
 
 import remat_opt
-from remat_opt._graph import build_graph
-from remat_opt._loops import loop_candidates, loop_program, scan_lengths
-from remat_opt._measure import abstract
-from remat_opt._memory import calibrate, simulate
+from remat_opt.memory import model_graph
+from remat_opt.rewrite._loops import loop_candidates, loop_program, scan_lengths
+from remat_opt.memory._measure import abstract
+from remat_opt.memory._simulate import calibrate, simulate
 from remat_opt._optimize import with_signature
 from remat_opt._schedule import Schedule
-from remat_opt._trace import trace
+from remat_opt.program._trace import trace
 from remat_opt.zoo import gpt
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -52,13 +52,13 @@ def main(argv: list[str] | None = None) -> int:
     inputs = abstract((gpt.stack_layers(params), batch))
     whole = trace(gpt.scan_loss, inputs, {}, (0,))
     plain = remat_opt.peak_bytes(gpt.scan_loss, *inputs)
-    scale = calibrate(build_graph(whole), plain).plain_storage_scale
+    scale = calibrate(model_graph(whole), plain).plain_storage_scale
     print(f"{config}\nscan as written: {plain / MiB:.2f} MiB (storage scale {scale:.3f})", flush=True)
 
     rows = []
     for plan in loop_candidates(scan_lengths(whole)):
         program = with_signature(gpt.scan_loss, whole, loop_program(whole, plan))
-        graph = dataclasses.replace(build_graph(trace(program, inputs, {}, (0,))), plain_storage_scale=scale)
+        graph = dataclasses.replace(model_graph(trace(program, inputs, {}, (0,))), plain_storage_scale=scale)
         predicted = simulate(graph, Schedule(plain=True)).peak_bytes
         without = simulate(dataclasses.replace(graph, inner_bytes=()), Schedule(plain=True)).peak_bytes
         measured = remat_opt.peak_bytes(program, *inputs)

@@ -50,11 +50,11 @@ VERDICT = {True: "yes", False: "NO", None: "not run"}
 
 def program_of(spec, plan: remat_opt.Plan, params, batch):
     """The program a baseline plan measured, rebuilt to time it."""
-    from remat_opt._graph import build_graph
-    from remat_opt._measure import abstract
+    from remat_opt.memory import model_graph
+    from remat_opt.memory._measure import abstract
     from remat_opt._optimize import apply_schedule
-    from remat_opt._policies import layer_policy_program, policy_program
-    from remat_opt._trace import trace
+    from remat_opt.rewrite._policies import layer_policy_program, policy_program
+    from remat_opt.program._trace import trace
 
     kind, _, policy = plan.strategy.partition("/")
     if kind == "no_remat":
@@ -65,7 +65,7 @@ def program_of(spec, plan: remat_opt.Plan, params, batch):
         return layer_policy_program(spec.loss, policy)
     if kind == "megatron_selective":
         return layer_policy_program(spec.loss, "dots_with_no_batch_dims_saveable")
-    graph = build_graph(trace(spec.loss, abstract((params, batch)), {}, (0,)))
+    graph = model_graph(trace(spec.loss, abstract((params, batch)), {}, (0,)))
     return apply_schedule(spec.loss, graph, plan.schedule)
 
 

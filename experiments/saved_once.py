@@ -2,7 +2,7 @@
 
 ``optimize(..., compute_saved_once=True)`` (the default) gives each stored value XLA would
 rebuild in every reader from its operands a reader XLA cannot fuse
-(:mod:`remat_opt._once`). This measures what that does to XLA's peak on every
+(:mod:`remat_opt.memory._once`). This measures what that does to XLA's peak on every
 plan of ``results/schedule_fidelity.csv`` that saves names (remat_opt's CP-SAT
 plans of the zoo models; the others get no such readers), beside the memory
 model's prediction. Writes ``saved_once.csv`` under
@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, command, read_csv, stamp, write_csv  # noqa: E402
 from schedule_fidelity import CSV, model_reference  # noqa: E402
 
-from remat_opt._memory import simulate  # noqa: E402
-from remat_opt._once import once_values  # noqa: E402
+from remat_opt.memory._simulate import simulate  # noqa: E402
+from remat_opt.memory._once import once_values  # noqa: E402
 from remat_opt._optimize import apply_schedule  # noqa: E402
 from remat_opt._schedule import Schedule  # noqa: E402
 

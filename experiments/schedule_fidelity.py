@@ -30,12 +30,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, command, read_csv, stamp, write_csv  # noqa: E402
 
 import remat_opt  # noqa: E402
-from remat_opt._chen import chen_greedy_candidates, chen_sqrt_n_schedule  # noqa: E402
-from remat_opt._graph import ProgramGraph  # noqa: E402
-from remat_opt._memory import simulate  # noqa: E402
-from remat_opt._nesting import revolve_schedules  # noqa: E402
+from remat_opt.solve._chen import chen_greedy_candidates, chen_sqrt_n_schedule  # noqa: E402
+from remat_opt.program._graph import ProgramGraph  # noqa: E402
+from remat_opt.memory._simulate import simulate  # noqa: E402
+from remat_opt.solve._nesting import revolve_schedules  # noqa: E402
 from remat_opt._optimize import apply_schedule  # noqa: E402
-from remat_opt._reference import Reference, reference  # noqa: E402
+from remat_opt.baselines._reference import Reference, reference  # noqa: E402
 from remat_opt._schedule import Schedule  # noqa: E402
 from remat_opt.zoo import MODELS  # noqa: E402
 
@@ -92,7 +92,7 @@ def collect(names: list[str], plans: bool) -> list[dict]:
 def remeasure(rows: list[dict], models: list[str]) -> list[dict]:
     """``rows`` with the schedules that save names measured again, by the
     rewriter as it is now (its default, stored values computed once,
-    changes only those programs: :mod:`remat_opt._once`)."""
+    changes only those programs: :mod:`remat_opt.memory._once`)."""
     refs: dict[str, Reference] = {}
     out = []
     for r in rows:

@@ -1,12 +1,12 @@
 """Solve time as graphs grow: remat_opt's CP-SAT model against Checkmate's MILP.
 
 For zoo MLPs (2–32 layers) and GPTs (1–8 blocks) the gradient step is traced
-and its graph built (:func:`remat_opt._graph.build_graph`). remat_opt's budget
+and its graph built (:func:`remat_opt.program._graph.build_graph`). remat_opt's budget
 is 60% of the way from the lowest peak its model reaches
-(:func:`remat_opt._solve.min_peak_schedule`) to the peak without remat
-(``Schedule(plain=True)``); :func:`remat_opt._solve.solve` is timed at it.
+(:func:`remat_opt.solve._solve.min_peak_schedule`) to the peak without remat
+(``Schedule(plain=True)``); :func:`remat_opt.solve._solve.solve` is timed at it.
 
-Checkmate's MILP (:mod:`remat_opt._checkmate`, solved by SCIP by default) runs
+Checkmate's MILP (:mod:`remat_opt.solve._checkmate`, solved by SCIP by default) runs
 on Checkmate's own forward + backward graph of the same program, whose memory
 model differs (every value materialized, no transients). It gets the budget at
 the same *relative* place: the same fraction of its no-recompute activation
@@ -38,14 +38,14 @@ from pathlib import Path
 
 import jax
 
-from remat_opt._checkmate import from_program_graph, simulate_stages, solve_checkmate, store_all
+from remat_opt.solve._checkmate import from_program_graph, simulate_stages, solve_checkmate, store_all
 from remat_opt._errors import InfeasibleBudgetError
-from remat_opt._graph import build_graph
-from remat_opt._measure import abstract
-from remat_opt._memory import simulate
+from remat_opt.memory import model_graph
+from remat_opt.memory._measure import abstract
+from remat_opt.memory._simulate import simulate
 from remat_opt._schedule import Schedule
-from remat_opt._solve import SolverOptions, min_peak_schedule, solve
-from remat_opt._trace import trace
+from remat_opt.solve._solve import SolverOptions, min_peak_schedule, solve
+from remat_opt.program._trace import trace
 from remat_opt.zoo import MODELS, GPTConfig, MLPConfig
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -64,7 +64,7 @@ def measure(family: str, label: str, config: object, limit: float, workers: int,
     """One row: the graph's size, the budgets, and both solvers' verdicts."""
     spec = MODELS[family]
     params, batch = spec.init(config, jax.random.PRNGKey(0))
-    graph = build_graph(trace(spec.loss, abstract((params, batch)), {}, (0,)))
+    graph = model_graph(trace(spec.loss, abstract((params, batch)), {}, (0,)))
     options = SolverOptions(time_limit_s=limit, deterministic_time_limit=1e9, num_workers=workers)
     plain = simulate(graph, Schedule(plain=True)).peak_bytes
     lowest = simulate(graph, min_peak_schedule(graph, options)).peak_bytes

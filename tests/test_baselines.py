@@ -9,13 +9,13 @@ import pytest
 
 import remat_opt
 from remat_opt import Schedule, peak_bytes
-from remat_opt._chen import articulation_positions, chen_greedy_schedule, chen_sqrt_n_schedule
-from remat_opt._graph import build_graph
-from remat_opt._measure import gradient_flops, memory_of
-from remat_opt._memory import calibrate, simulate
+from remat_opt.solve._chen import articulation_positions, chen_greedy_schedule, chen_sqrt_n_schedule
+from remat_opt.memory import model_graph
+from remat_opt.memory._measure import gradient_flops, memory_of
+from remat_opt.memory._simulate import calibrate, simulate
 from remat_opt._optimize import apply_schedule
-from remat_opt._policies import POLICIES
-from remat_opt._trace import trace
+from remat_opt.rewrite._policies import POLICIES
+from remat_opt.program._trace import trace
 from remat_opt.zoo import MODELS, GPTConfig, UNetConfig
 
 CONFIG = GPTConfig(num_layers=2, d_model=32, num_heads=2, seq_len=32, batch=2, vocab=64)
@@ -43,7 +43,7 @@ def gpt():
 def graph(gpt):
     """The program graph, calibrated on XLA's plain peak as every strategy's is."""
     loss, params, batch = gpt
-    return calibrate(build_graph(trace(loss, (params, batch), {}, (0,))), peak_bytes(loss, params, batch))
+    return calibrate(model_graph(trace(loss, (params, batch), {}, (0,))), peak_bytes(loss, params, batch))
 
 
 @pytest.fixture(scope="module")
@@ -170,7 +170,7 @@ def _skip(ws, x):
 
 def _graph(fn, n=4):
     ws = [jnp.full((8, 8), 0.1) for _ in range(n)]
-    return build_graph(trace(fn, (ws, jnp.ones((4, 8))), {}, (0,)))
+    return model_graph(trace(fn, (ws, jnp.ones((4, 8))), {}, (0,)))
 
 
 def test_articulation_positions_by_hand():
@@ -218,5 +218,5 @@ def test_stored_activations_smaller_than_a_weight_sit_in_its_gradient_buffer():
     assert plan.num_segments > 2
     error = plan.predicted_peak_bytes / plan.measured_peak_bytes - 1
     assert abs(error) <= 0.05, str(plan)
-    graph = calibrate(build_graph(trace(spec.loss, (params, batch), {}, (0,))), peak_bytes(spec.loss, params, batch))
+    graph = calibrate(model_graph(trace(spec.loss, (params, batch), {}, (0,))), peak_bytes(spec.loss, params, batch))
     assert simulate(graph, plan.schedule, planning=True).peak_bytes > 1.08 * plan.measured_peak_bytes

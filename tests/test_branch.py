@@ -3,10 +3,11 @@
 import jax.numpy as jnp
 import pytest
 
-from remat_opt import Schedule, _branch
-from remat_opt._memory import simulate
+from remat_opt import Schedule
+from remat_opt.memory import _branch
+from remat_opt.memory._simulate import simulate
 from remat_opt._optimize import apply_schedule
-from remat_opt._reference import reference
+from remat_opt.baselines._reference import reference
 
 WIDTH = 128
 

@@ -3,7 +3,7 @@
 What is compared, and why it is a valid check: the MILP encodes Checkmate's
 rules *linearly* (``Free`` by two big-M inequalities, memory by the ``U``
 recurrence). :func:`pareto` instead enumerates every schedule and evaluates
-the rules *directly* (:func:`remat_opt._checkmate.stage_peak`), so the two
+the rules *directly* (:func:`remat_opt.solve._checkmate.stage_peak`), so the two
 agree only if the linearization is exact and the solver optimal.
 
 The enumeration is over the kept sets ``S[t]`` (every subset), with ``R[t]``
@@ -28,7 +28,7 @@ from pathlib import Path
 import jax.numpy as jnp
 import pytest
 
-from remat_opt._checkmate import (
+from remat_opt.solve._checkmate import (
     CheckmateGraph,
     from_program_graph,
     simulate_stages,
@@ -36,8 +36,8 @@ from remat_opt._checkmate import (
     stage_peak,
     store_all,
 )
-from remat_opt._graph import build_graph
-from remat_opt._trace import trace
+from remat_opt.memory import model_graph
+from remat_opt.program._trace import trace
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -96,7 +96,7 @@ def _tiny_program():
         return jnp.sum(jnp.sin(jnp.tanh(x @ w)))
 
     w = jnp.linspace(-1.0, 1.0, 64).reshape(8, 8)
-    return from_program_graph(build_graph(trace(fn, (w, jnp.ones((16, 8))), {}, (0,))))
+    return from_program_graph(model_graph(trace(fn, (w, jnp.ones((16, 8))), {}, (0,))))
 
 
 def _check_against_brute_force(cg: CheckmateGraph) -> int:
@@ -132,7 +132,7 @@ def test_three_layer_mlp_corners():
             x = jnp.tanh(x @ w)
         return jnp.sum(x**2)
 
-    graph = build_graph(trace(mlp, ([jnp.full((8, 8), 0.1)] * 3, jnp.ones((16, 8))), {}, (0,)))
+    graph = model_graph(trace(mlp, ([jnp.full((8, 8), 0.1)] * 3, jnp.ones((16, 8))), {}, (0,)))
     cg = from_program_graph(graph)
     assert cg.size == 16 and cg.base_bytes == graph.input_bytes + graph.output_bytes
     everything, _ = simulate_stages(cg, *store_all(cg))

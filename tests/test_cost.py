@@ -1,4 +1,4 @@
-"""Tests for remat_opt._cost, the FLOP cost model, checked against XLA where it counts."""
+"""Tests for remat_opt.program._cost, the FLOP cost model, checked against XLA where it counts."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 from jax.extend.core import Primitive
 
-from remat_opt._cost import CostModel, FlopCostModel, jaxpr_flops
+from remat_opt.program._cost import CostModel, FlopCostModel, jaxpr_flops
 from remat_opt._errors import UnsupportedProgramError
 
 

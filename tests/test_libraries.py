@@ -10,7 +10,7 @@ against the library's plain step (``jax.value_and_grad``,
 ``eqx.filter_value_and_grad``).
 
 Equinox modules hold functions, floats and bools as leaves, so the static-leaf
-handling (``remat_opt._static``) is tested first, without any model library.
+handling (``remat_opt.program._static``) is tested first, without any model library.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from jax import lax
 
 import remat_opt
 from remat_opt import peak_bytes
-from remat_opt._measure import gradient_flops, memory_of
-from remat_opt._static import StaticLeaf, combine, split
+from remat_opt.memory._measure import gradient_flops, memory_of
+from remat_opt.program._static import StaticLeaf, combine, split
 
 FAST = remat_opt.SolverOptions(time_limit_s=60.0, deterministic_time_limit=1.0, num_workers=2)
 ATTEMPTS = 2

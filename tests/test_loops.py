@@ -9,12 +9,12 @@ import pytest
 from jax import lax
 
 import remat_opt
-from remat_opt._graph import build_graph
-from remat_opt._loops import LoopPlan, loop_candidates, loop_program, scan_lengths
-from remat_opt._memory import calibrate, simulate
+from remat_opt.memory import model_graph
+from remat_opt.rewrite._loops import LoopPlan, loop_candidates, loop_program, scan_lengths
+from remat_opt.memory._simulate import calibrate, simulate
 from remat_opt._optimize import with_signature
 from remat_opt._schedule import Schedule
-from remat_opt._trace import trace
+from remat_opt.program._trace import trace
 
 LAYERS, WIDTH, BATCH = 6, 32, 128
 
@@ -87,10 +87,10 @@ def test_predicted_peak_counts_each_rerun_of_a_checkpointed_body():
     # the scan's transient (it predicted these plans 30-67% under XLA without).
     params, x = _setup()
     traced = trace(loss, (params, x), {}, (0,))
-    scale = calibrate(build_graph(traced), remat_opt.peak_bytes(loss, params, x)).plain_storage_scale
+    scale = calibrate(model_graph(traced), remat_opt.peak_bytes(loss, params, x)).plain_storage_scale
     for plan in [LoopPlan(None, 2), LoopPlan("nothing_saveable", 3)]:
         program = with_signature(loss, traced, loop_program(traced, plan))
-        graph = build_graph(trace(program, (params, x), {}, (0,)))
+        graph = model_graph(trace(program, (params, x), {}, (0,)))
         graph = dataclasses.replace(graph, plain_storage_scale=scale)
         (scan,) = [u.index for u in graph.units if u.primitive == "scan"]
         assert graph.inner_bytes[scan] > 0, str(plan)
@@ -113,7 +113,7 @@ def test_optimize_takes_a_loop_plan_where_it_is_cheapest():
     plan = step.plan(params, x)
     assert plan.measured_peak_bytes <= budget, str(plan)
     # Whatever won, it recomputes no more than the body remat that fits this budget.
-    body_flops = remat_opt._measure.gradient_flops(body_remat, (params, x), {}, 0) - plan.baseline_flops
+    body_flops = remat_opt.memory._measure.gradient_flops(body_remat, (params, x), {}, 0) - plan.baseline_flops
     assert plan.measured_recompute_flops <= body_flops, str(plan)
     if plan.loop_plan is not None:
         assert plan.recompute_flops == plan.measured_recompute_flops

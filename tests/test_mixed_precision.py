@@ -3,7 +3,7 @@
 XLA:CPU has no half-precision dot: its float-normalization pass computes a
 bfloat16 ``dot_general`` in float32, each operand converted into a buffer of
 its own, which the forward and the backward share. The graph is linearized as
-XLA runs it (:mod:`remat_opt._precision`), so the residuals a dot's
+XLA runs it (:mod:`remat_opt.program._precision`), so the residuals a dot's
 backward reads are float32 copies. These tests hold the model's predicted peak
 against XLA's ``memory_analysis()`` for the program as written and under
 fenced schedules, the way :func:`remat_opt.optimize` uses it (calibrated on the
@@ -19,12 +19,12 @@ import jax.numpy as jnp
 import pytest
 
 from remat_opt import peak_bytes
-from remat_opt._chen import chen_sqrt_n_schedule
-from remat_opt._graph import build_graph
-from remat_opt._memory import calibrate, simulate
+from remat_opt.solve._chen import chen_sqrt_n_schedule
+from remat_opt.memory import model_graph
+from remat_opt.memory._simulate import calibrate, simulate
 from remat_opt._optimize import apply_schedule
 from remat_opt._schedule import Schedule
-from remat_opt._trace import trace
+from remat_opt.program._trace import trace
 
 pytestmark = pytest.mark.skipif(
     jax.default_backend() != "cpu", reason="the upcast rule is XLA:CPU's (float-normalization)"
@@ -54,7 +54,7 @@ ARGS = (
 
 @pytest.fixture(scope="module")
 def program():
-    graph = build_graph(trace(bf16_mlp, ARGS, {}, (0,)))
+    graph = model_graph(trace(bf16_mlp, ARGS, {}, (0,)))
     return graph, peak_bytes(bf16_mlp, *ARGS)
 
 

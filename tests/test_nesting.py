@@ -8,13 +8,13 @@ import pytest
 
 import remat_opt
 from remat_opt import Schedule
-from remat_opt._graph import build_graph
-from remat_opt._measure import gradient_flops
-from remat_opt._memory import calibrate, simulate
-from remat_opt._nesting import MAX_DEPTH, chain_trees, nested_candidates, revolve_schedule
+from remat_opt.memory import model_graph
+from remat_opt.memory._measure import gradient_flops
+from remat_opt.memory._simulate import calibrate, simulate
+from remat_opt.solve._nesting import MAX_DEPTH, chain_trees, nested_candidates, revolve_schedule
 from remat_opt._optimize import apply_schedule
 from remat_opt._schedule import nested_ranges
-from remat_opt._trace import trace
+from remat_opt.program._trace import trace
 from remat_opt.zoo import MODELS, MLPConfig
 
 CONFIG = MLPConfig(depth=32, width=128, batch=512)
@@ -78,7 +78,7 @@ def mlp():
     spec = MODELS["mlp"]
     params, batch = spec.init(CONFIG, jax.random.PRNGKey(0))
     plain = remat_opt.peak_bytes(spec.loss, params, batch)
-    graph = calibrate(build_graph(trace(spec.loss, (params, batch), {}, (0,))), plain)
+    graph = calibrate(model_graph(trace(spec.loss, (params, batch), {}, (0,))), plain)
     return spec.loss, params, batch, graph
 
 

@@ -6,12 +6,13 @@ import numpy as np
 import pytest
 
 import remat_opt
-from remat_opt import Schedule, _memory, peak_bytes
-from remat_opt._cost import jaxpr_flops
-from remat_opt._memory import simulate
-from remat_opt._once import MULTI_OPERAND_ELEMENTWISE, computed_once, once_values
+from remat_opt import Schedule, peak_bytes
+from remat_opt.memory import _simulate
+from remat_opt.program._cost import jaxpr_flops
+from remat_opt.memory._simulate import simulate
+from remat_opt.memory._once import MULTI_OPERAND_ELEMENTWISE, computed_once, once_values
 from remat_opt._optimize import apply_schedule
-from remat_opt._reference import reference
+from remat_opt.baselines._reference import reference
 
 FAST = remat_opt.SolverOptions(time_limit_s=120.0, deterministic_time_limit=3.0, num_workers=2)
 
@@ -124,5 +125,5 @@ def test_a_value_computed_once_frees_the_source_of_fused_residuals(monkeypatch):
     for s in (names_first, names_second):
         assert simulate(graph, s).peak_bytes == pytest.approx(measured[s], rel=0.02)
     # Without the rule, the model holds them: 20% over XLA (jax 0.10.2, XLA:CPU).
-    monkeypatch.setattr(_memory, "held_when_once", lambda graph, schedule: graph)
+    monkeypatch.setattr(_simulate, "held_when_once", lambda graph, schedule: graph)
     assert simulate(graph, names_first).peak_bytes > 1.1 * measured[names_first]

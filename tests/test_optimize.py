@@ -7,10 +7,10 @@ import pytest
 
 import remat_opt
 from remat_opt import InfeasibleBudgetError, Schedule, peak_bytes
-from remat_opt._graph import build_graph
-from remat_opt._measure import abstract
-from remat_opt._memory import calibrate, simulate
-from remat_opt._trace import trace
+from remat_opt.memory import model_graph
+from remat_opt.memory._measure import abstract
+from remat_opt.memory._simulate import calibrate, simulate
+from remat_opt.program._trace import trace
 
 
 def max_abs_diff(a, b):
@@ -160,7 +160,7 @@ def test_bad_call_arguments_raise_typed_errors(small_mlp):
 def test_calibration_fits_the_plain_peak(small_gpt):
     loss, params, batch = small_gpt
     plain = peak_bytes(loss, params, batch)
-    graph = build_graph(trace(loss, abstract((params, batch)), {}, (0,)))
+    graph = model_graph(trace(loss, abstract((params, batch)), {}, (0,)))
     calibrated = calibrate(graph, plain)
     assert calibrated.plain_storage_scale != 1.0  # the model alone is off on this GPT
     predicted = simulate(calibrated, Schedule(plain=True)).peak_bytes

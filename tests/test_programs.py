@@ -26,8 +26,8 @@ from jax.experimental import io_callback
 
 import remat_opt
 from remat_opt import InfeasibleBudgetError, UnsupportedProgramError, peak_bytes
-from remat_opt._measure import memory_of
-from remat_opt._trace import trace
+from remat_opt.memory._measure import memory_of
+from remat_opt.program._trace import trace
 
 FAST = remat_opt.SolverOptions(time_limit_s=60.0, deterministic_time_limit=1.0, num_workers=2)
 ATTEMPTS = 2  # these tests are about program constructs, not about the retry loop
@@ -128,12 +128,12 @@ def test_a_cut_just_before_a_cond_keeps_its_index_integer():
         h = lax.cond(jnp.sum(h) > 0, lambda h: jnp.sin(h) * h, lambda h: jnp.cos(h), h)
         return jnp.mean(mlp(ws[2:], h) ** 2)
 
-    from remat_opt._graph import build_graph
+    from remat_opt.memory import model_graph
     from remat_opt._optimize import apply_schedule
     from remat_opt._schedule import Schedule
 
     ws, x = weights(4), inputs()
-    graph = build_graph(trace(loss, (ws, x), {}, (0,)))
+    graph = model_graph(trace(loss, (ws, x), {}, (0,)))
     cond_at = next(i for i, e in enumerate(graph.traced.jaxpr.jaxpr.eqns) if e.primitive.name == "cond")
     step = apply_schedule(loss, graph, Schedule(cuts=frozenset({cond_at})))
     assert_tree_close(jax.grad(step)(ws, x), jax.grad(loss)(ws, x))

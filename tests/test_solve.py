@@ -6,11 +6,12 @@ import itertools
 import jax.numpy as jnp
 import pytest
 
-from remat_opt import InfeasibleBudgetError, Schedule, _memory
-from remat_opt._encoding import cut_candidates, save_candidates
-from remat_opt._graph import build_graph
-from remat_opt._memory import simulate, tail_extra_bytes
-from remat_opt._slots import (
+from remat_opt import InfeasibleBudgetError, Schedule
+from remat_opt.memory import _simulate
+from remat_opt.solve._encoding import cut_candidates, save_candidates
+from remat_opt.memory import model_graph
+from remat_opt.memory._simulate import simulate, tail_extra_bytes
+from remat_opt.memory._slots import (
     StoredBuffer,
     assign_stored_buffers,
     best_fit_credit,
@@ -19,17 +20,17 @@ from remat_opt._slots import (
     slot_credit,
     stored_in_slots,
 )
-from remat_opt._solve import (
+from remat_opt.solve._solve import (
     SolverOptions,
     _saves_within_cuts,
     min_peak_schedule,
     solve,
 )
-from remat_opt._trace import trace
+from remat_opt.program._trace import trace
 
 
 def _graph(fn, *args):
-    return build_graph(trace(fn, args, {}, (0,)))
+    return model_graph(trace(fn, args, {}, (0,)))
 
 
 def tiny_chain(ws, x):
@@ -52,7 +53,7 @@ def tiny_transpose(ws, x):
 
 def tiny_softmax(ws, x):
     e = jnp.exp(x @ ws[0])  # 8 cut and 8 save candidates: 2**16 schedules to brute-force
-    p = e / jnp.sum(e, axis=1, keepdims=True)  # a quotient by a broadcast row sum (_memory.transient_bytes)
+    p = e / jnp.sum(e, axis=1, keepdims=True)  # a quotient by a broadcast row sum (_simulate.transient_bytes)
     return jnp.sum(jnp.sin(p @ ws[1]) ** 2)
 
 
@@ -233,7 +234,7 @@ def test_stored_values_fill_free_gradient_slots(monkeypatch):
 
     assert max(credits()) == 3 * 1024 and min(credits()) == 0  # the three weights' slots, each once
     # A convolution's kernel gradient holds its transposed kernel: only slots read before the segment.
-    monkeypatch.setattr(_memory, "matmul_slots", lambda graph: (False,) * len(gradient_slots(graph)))
+    monkeypatch.setattr(_simulate, "matmul_slots", lambda graph: (False,) * len(gradient_slots(graph)))
     assert max(credits()) == 1024 and min(credits()) == 0
 
 

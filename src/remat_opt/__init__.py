@@ -1,37 +1,38 @@
 """remat_opt: gradient-checkpoint placement for JAX, solved with CP-SAT, verified on XLA.
 
-The pipeline, one module a stage: ``_trace`` (flat jaxpr) → ``_graph`` (JAX's own
-linearization: what the backward reads) → ``_cost`` (FLOPs) → ``_memory`` (the
-peak model) → ``_solve`` (CP-SAT; ``_nesting``: checkpoints within checkpoints) → ``_rewrite`` (fenced ``jax.checkpoint``) →
-``_measure`` (XLA's ``memory_analysis``). ``optimize`` runs them all.
-Baselines (``_baselines``, ``_policies``, ``_chen``, ``_nesting``; measured by ``_reference``) return the
-same :class:`Plan`, measured the same way.
+The pipeline is the package's layout: :mod:`remat_opt.program` (the function as
+one flat jaxpr, its graph as JAX differentiates it, FLOPs) → :mod:`remat_opt.memory`
+(the peak model, its facts about XLA, XLA's own measurement) → :mod:`remat_opt.solve`
+(CP-SAT, Chen's segmentations, nested trees, Checkmate's MILP) → :mod:`remat_opt.rewrite`
+(fenced ``jax.checkpoint``, loop plans). ``optimize`` runs them all and keeps only
+plans XLA measures under the budget. :mod:`remat_opt.baselines` return the same
+:class:`Plan`, measured the same way; :mod:`remat_opt.zoo` holds the models.
 """
 
-from ._baselines import all_baselines as all_baselines
-from ._baselines import checkpoint_policy as checkpoint_policy
-from ._baselines import chen_greedy as chen_greedy
-from ._baselines import chen_sqrt_n as chen_sqrt_n
-from ._baselines import layer_checkpoint_policy as layer_checkpoint_policy
-from ._baselines import megatron_selective as megatron_selective
-from ._baselines import no_remat as no_remat
-from ._baselines import revolve as revolve
+from .baselines._baselines import all_baselines as all_baselines
+from .baselines._baselines import checkpoint_policy as checkpoint_policy
+from .baselines._baselines import chen_greedy as chen_greedy
+from .baselines._baselines import chen_sqrt_n as chen_sqrt_n
+from .baselines._baselines import layer_checkpoint_policy as layer_checkpoint_policy
+from .baselines._baselines import megatron_selective as megatron_selective
+from .baselines._baselines import no_remat as no_remat
+from .baselines._baselines import revolve as revolve
 from ._budget import format_bytes as format_bytes
 from ._budget import parse_bytes as parse_bytes
-from ._cost import CostModel as CostModel
-from ._cost import FlopCostModel as FlopCostModel
+from .program._cost import CostModel as CostModel
+from .program._cost import FlopCostModel as FlopCostModel
 from ._errors import InfeasibleBudgetError as InfeasibleBudgetError
 from ._errors import InvalidBudgetError as InvalidBudgetError
 from ._errors import InvalidBudgetTypeError as InvalidBudgetTypeError
 from ._errors import RematOptError as RematOptError
 from ._errors import UnsupportedProgramError as UnsupportedProgramError
-from ._measure import peak_bytes as peak_bytes
+from .memory._measure import peak_bytes as peak_bytes
 from ._optimize import OptimizedFunction as OptimizedFunction
 from ._optimize import optimize as optimize
 from ._plan import Plan as Plan
-from ._policies import POLICIES as POLICIES
+from .rewrite._policies import POLICIES as POLICIES
 from ._schedule import Schedule as Schedule
-from ._solve import SolverOptions as SolverOptions
+from .solve._solve import SolverOptions as SolverOptions
 
 __all__ = [
     "POLICIES",

@@ -6,9 +6,9 @@ has been compiled and its peak measured at or under the budget. When XLA's
 figure is over, the solver's target is tightened by the overshoot (and a 1%
 margin) and the plan re-solved, a bounded number of times; then the
 lowest-memory schedules are measured. Nested schedules
-(:mod:`remat_opt._nesting`) and Chen's segmentations are measured too (the
+(:mod:`remat_opt.solve._nesting`) and Chen's segmentations are measured too (the
 model is conservative on some; XLA decides), and a program with scans has its
-loop plans measured (:mod:`remat_opt._loops`); the plan that fits with the
+loop plans measured (:mod:`remat_opt.rewrite._loops`); the plan that fits with the
 fewest recomputed FLOPs, flat, nested or loop plan, is returned. If nothing
 fits, :class:`InfeasibleBudgetError` says which budget XLA confirms.
 """
@@ -26,21 +26,22 @@ import jax
 import networkx as nx
 
 from ._budget import parse_bytes
-from ._chen import chen_schedules
-from ._cost import CostModel
+from .solve._chen import chen_schedules
+from .program._cost import CostModel
 from ._errors import InfeasibleBudgetError
-from ._graph import ProgramGraph, build_graph
-from ._loops import loop_candidates, loop_program, scan_lengths
-from ._measure import abstract, gradient_flops, peak_bytes
-from ._memory import calibrate, simulate
-from ._nesting import nested_candidates
-from ._once import once_values
+from .memory._facts import model_graph
+from .program._graph import ProgramGraph
+from .rewrite._loops import loop_candidates, loop_program, scan_lengths
+from .memory._measure import abstract, gradient_flops, peak_bytes
+from .memory._simulate import calibrate, simulate
+from .solve._nesting import nested_candidates
+from .memory._once import once_values
 from ._plan import Plan
-from ._rewrite import rewrite
+from .rewrite._rewrite import rewrite
 from ._schedule import Schedule, Simulation
-from ._solve import SolverOptions, low_memory_schedules, min_peak_schedule, solve
-from ._static import Static, split
-from ._trace import TracedProgram, normalize_argnums, trace
+from .solve._solve import SolverOptions, low_memory_schedules, min_peak_schedule, solve
+from .program._static import Static, split
+from .program._trace import TracedProgram, normalize_argnums, trace
 
 
 @dataclass(frozen=True)
@@ -158,7 +159,7 @@ class OptimizedFunction:
         traced = trace(self.fn, args, kwargs, argnums, self.unroll_scans)
         # fn as written, loops whole: what a plain plan and the loop plans run.
         whole = trace(self.fn, args, kwargs, argnums) if traced.unrolled_scans else traced
-        graph = build_graph(traced, self.cost_model)
+        graph = model_graph(traced, self.cost_model)
         nums = argnums if len(argnums) > 1 else argnums[0]
 
         def measure(f: Callable[..., Any]) -> int:
@@ -171,7 +172,7 @@ class OptimizedFunction:
         # iterations), and usually a lower peak.
         flat_peak = measure(self._program(graph, Schedule(plain=True))) if traced.unrolled_scans else plain_peak
         graph = calibrate(graph, flat_peak)
-        whole_graph = calibrate(build_graph(whole, self.cost_model), plain_peak) if traced.unrolled_scans else graph
+        whole_graph = calibrate(model_graph(whole, self.cost_model), plain_peak) if traced.unrolled_scans else graph
         budget = self.budget_bytes
         if budget >= plain_peak:  # fn runs as written, loops and all: model that program
             sim = simulate(whole_graph, Schedule(plain=True))
@@ -230,7 +231,7 @@ class OptimizedFunction:
         with fewer recomputed FLOPs than ``ceiling_flops``, if any; and the
         lowest-memory one XLA measured, for the error when nothing fits.
 
-        The schedules: nested trees (:mod:`remat_opt._nesting`), which the CP-SAT
+        The schedules: nested trees (:mod:`remat_opt.solve._nesting`), which the CP-SAT
         model does not encode, and Chen's segmentations, which it does but may
         misjudge (the model is conservative on heavily segmented plans, so
         CP-SAT can pass over one that XLA fits). The model ranks, XLA decides.
@@ -270,7 +271,7 @@ class OptimizedFunction:
     def _loop_plans(self, whole: TracedProgram, scale: float, args: tuple, kwargs: dict,
                     argnums: tuple[int, ...], nums: Any, measure: Callable[[Callable[..., Any]], int],
                     baseline_flops: int, plain_peak: int, budget: int) -> list[tuple[Plan, Callable[..., Any]]]:
-        """The loop plans (:mod:`remat_opt._loops`) of the scans of ``whole``
+        """The loop plans (:mod:`remat_opt.rewrite._loops`) of the scans of ``whole``
         (the program traced with its loops whole), measured on XLA in order of
         recomputed FLOPs (counted on each one's jaxpr, before any compile) up to
         the first that fits ``budget``: the cheapest that fits, and every one
@@ -292,7 +293,7 @@ class OptimizedFunction:
             candidates.append((flops, loop, program))
         plans = []
         for flops, loop, program in sorted(candidates, key=lambda c: c[0]):  # stable: ties keep their order
-            graph = build_graph(trace(program, args, kwargs, argnums), self.cost_model)
+            graph = model_graph(trace(program, args, kwargs, argnums), self.cost_model)
             graph = dataclasses.replace(graph, plain_storage_scale=scale)
             sim = simulate(graph, Schedule(plain=True))
             measured = measure(program)
@@ -451,7 +452,7 @@ def optimize(
         compute_saved_once: in plans that save names, give each stored value
             XLA would rebuild in every reader from its operands (a residual
             stream) a reader XLA cannot fuse, so it computes the value once
-            and frees the operands (:mod:`remat_opt._once`). Same values and
+            and frees the operands (:mod:`remat_opt.memory._once`). Same values and
             gradients. Measured on the zoo GPT's and U-Net's plans, 0-11%
             lower peaks (jax 0.10.2, XLA:CPU). ``False`` leaves XLA to
             duplicate them as it likes.

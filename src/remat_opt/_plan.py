@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import networkx as nx
 
 from ._budget import format_bytes
-from ._loops import LoopPlan
+from .rewrite._loops import LoopPlan
 from ._schedule import Schedule
 
 
@@ -20,7 +20,7 @@ class Plan:
     was not measured).
 
     Every strategy returns this type, the solver and each baseline
-    (:mod:`remat_opt._baselines`) alike, so plans can be compared. A baseline
+    (:mod:`remat_opt.baselines._baselines`) alike, so plans can be compared. A baseline
     that is a JAX checkpoint policy, not a schedule on the graph, has no model
     prediction (``predicted_peak_bytes`` and ``schedule`` are ``None``).
 
@@ -48,18 +48,18 @@ class Plan:
         schedule: the decisions (segment starts, saved names, nested segments);
             ``None`` for a strategy that is not a schedule on the graph (a JAX
             checkpoint policy). A nested schedule (or one of Chen's) is chosen by
-            measurement among :func:`remat_opt._nesting.nested_candidates` and
+            measurement among :func:`remat_opt.solve._nesting.nested_candidates` and
             Chen's segmentations: ``gap`` is then against the trivial bound 0.
         strategy: who made the plan ("remat_opt", or a baseline's name).
         jax_version: the jax version it was measured with.
         loop_plan: set when the program's scans are kept as loops and
-            checkpointed as a whole (:class:`remat_opt._loops.LoopPlan`, chosen by
+            checkpointed as a whole (:class:`remat_opt.rewrite._loops.LoopPlan`, chosen by
             measurement among the plans users write by hand; ``recompute_flops``
             is then the measured figure, ``gap`` is against the trivial bound 0
             and ``graph`` is the loop program's); ``None`` when the plan is a
             ``schedule`` on the program as traced (scans unrolled).
         computed_once: stored values the rewritten program has XLA compute
-            once (``optimize(..., compute_saved_once=True)``, the default; :mod:`remat_opt._once`).
+            once (``optimize(..., compute_saved_once=True)``, the default; :mod:`remat_opt.memory._once`).
     """
 
     graph: nx.DiGraph = field(repr=False, compare=False)

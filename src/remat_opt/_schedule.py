@@ -3,8 +3,8 @@
 A :class:`Schedule` says where segments start, which values are saved by
 name, and which segments checkpoint their own recomputation again (nesting).
 Every strategy (CP-SAT, Chen, Revolve, the built-in policies) produces one;
-the memory model (:mod:`remat_opt._memory`) simulates it into a
-:class:`Simulation`, and the rewriter (:mod:`remat_opt._rewrite`) applies it.
+the memory model (:mod:`remat_opt.memory._simulate`) simulates it into a
+:class:`Simulation`, and the rewriter (:mod:`remat_opt.rewrite._rewrite`) applies it.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Which values a backward step needs is decided by JAX's JVP rules, not by a
 hand table (FINDINGS §3: the JVP of ``tanh`` uses its raw output, the JVP of
 ``exp`` its result, a ``dot`` its operands). So the graph is read off JAX
 itself: the flat program is evaluated with every value named
-(:mod:`remat_opt._names`), linearized with :func:`jax.jvp`, and split by
+(:mod:`remat_opt.program._names`), linearized with :func:`jax.jvp`, and split by
 partial evaluation into the *known* program (the forward: primal values and the
 residuals derived from them) and the *linear* program (the backward). Every
 equation of the known program becomes a compute unit, every value a node.
@@ -15,7 +15,7 @@ segment boundary) or recomputed from values that are.
 
 The program is linearized as XLA runs it, where that differs in what gets a
 buffer: on XLA:CPU a ``float16``/``bfloat16`` dot or convolution is computed in
-``float32`` (:mod:`remat_opt._precision`), so its residuals are ``float32`` copies.
+``float32`` (:mod:`remat_opt.program._precision`), so its residuals are ``float32`` copies.
 """
 
 from __future__ import annotations
@@ -31,8 +31,6 @@ from jax._src import core, source_info_util
 from jax._src.interpreters import partial_eval as pe
 
 from ._cost import CostModel, FlopCostModel
-from ._fusion import fused_and_held, reduced_residuals, transposed_layouts
-from ._inner import with_inner_bytes
 from ._names import eqn_index_of, eval_program
 from ._precision import upcast_dtypes, upcasting_evaluator
 from ._trace import TracedProgram
@@ -80,6 +78,11 @@ class Unit:
 class ProgramGraph:
     """The differentiated program as compute units over value nodes.
 
+    :func:`build_graph` fills the program's own fields; ``fused``, ``held``,
+    ``transposed``, ``inner_bytes`` and ``plain_storage_scale`` are the memory
+    model's facts about the compiler, set by :func:`remat_opt.memory.model_graph`
+    and :func:`remat_opt.memory.calibrate`.
+
     Attributes:
         traced: the flat primal program.
         units: known-program equations in program order.
@@ -106,17 +109,19 @@ class ProgramGraph:
         input_readers: per flat program input, the units that read it.
         transposed: per node id, a value XLA stores in a transposed layout
             (made by a ``transpose``, or by cheap elementwise work on one).
+        reduced: per node id, a residual buffer the backward reduces against a
+            cotangent (:func:`reduced_residuals`).
         held: per node id, a value the backward holds a buffer for although
             JAX does not list it as a residual: the source a fused residual
             is recomputed from inside XLA's backward fusions
-            (:func:`remat_opt._fusion.fused_sources`).
+            (:func:`remat_opt.memory._fusion.fused_sources`).
         plain_storage_scale: bytes XLA keeps per byte of residual the model
             stores for code that runs as written (the last segment, or the
             whole plain program); 1 until calibrated against XLA
-            (:func:`remat_opt._memory.calibrate`).
+            (:func:`remat_opt.memory._simulate.calibrate`).
         inner_bytes: per unit, bytes its own backward holds beyond its stored
             residuals: a scan whose body rematerializes reruns it per
-            iteration (:mod:`remat_opt._inner`); empty when no unit does.
+            iteration (:mod:`remat_opt.memory._inner`); empty when no unit does.
     """
 
     traced: TracedProgram
@@ -138,6 +143,7 @@ class ProgramGraph:
     input_labels: tuple[str, ...] = ()
     input_readers: tuple[tuple[int, ...], ...] = ()
     transposed: tuple[bool, ...] = ()
+    reduced: tuple[bool, ...] = ()
     held: tuple[bool, ...] = ()
     plain_storage_scale: float = 1.0
     inner_bytes: tuple[int, ...] = ()
@@ -215,10 +221,10 @@ def build_graph(traced: TracedProgram, cost_model: CostModel | None = None) -> P
     """Linearizes the traced program, as XLA runs it, and returns its compute graph.
 
     Half-precision dots and convolutions are linearized in float32 where XLA
-    computes them so (:mod:`remat_opt._precision`): their residuals are float32 copies.
+    computes them so (:mod:`remat_opt.program._precision`): their residuals are float32 copies.
 
     Args:
-        traced: the flat program from :func:`remat_opt._trace.trace`.
+        traced: the flat program from :func:`remat_opt.program._trace.trace`.
         cost_model: FLOPs per equation; :class:`FlopCostModel` by default.
 
     Returns:
@@ -312,7 +318,6 @@ def build_graph(traced: TracedProgram, cost_model: CostModel | None = None) -> P
         res_var = kj.outvars[len(kj.outvars) - len(res_avals) + v]
         if isinstance(res_var, core.Var) and res_var in node_of and buffer[node_of[res_var]] >= 0:
             reduced[buffer[node_of[res_var]]] = True
-    fused, held = fused_and_held(units, node_unit, residual, buffer, consumers, reduced)
     graph = ProgramGraph(
         traced=traced,
         units=tuple(units),
@@ -327,14 +332,44 @@ def build_graph(traced: TracedProgram, cost_model: CostModel | None = None) -> P
         output_bytes=out_bytes,
         node_shape=tuple(shapes),
         node_dtype=tuple(dtypes),
-        fused=fused,
-        held=held,
+        reduced=tuple(reduced),
         crossing=_crossing_profile(units, node_unit, node_bytes, consumers, len(closed.jaxpr.eqns)),
         input_labels=input_labels(traced),
         input_readers=tuple(tuple(sorted(r)) for r in input_readers),
-        transposed=transposed_layouts(units, node_unit, shapes),
     )
-    return with_inner_bytes(dataclasses.replace(graph, primal=primal_units(graph)))
+    return dataclasses.replace(graph, primal=primal_units(graph))
+
+
+def reduced_residuals(linear: core.Jaxpr, num_residuals: int) -> set[int]:
+    """Indices of the residuals the backward reduces against a cotangent.
+
+    In the linear (tangent) program a residual multiplied by a smaller tangent,
+    broadcast before the ``mul`` or inside it (``normalized * d_scale[None]``
+    in a norm layer), transposes to ``reduce_sum(normalized * ct)``: the
+    gradient of the scale. XLA:CPU runs that reduction as a fusion that reads
+    its elementwise operands from memory, so the residual gets a buffer even
+    when it is cheap to recompute (measured on jax 0.10.2, resnet: the group
+    norms' normalized activations are held through their segment's backward).
+    The residuals are the leading inputs of the linear program.
+    """
+    def size(v: Any) -> int:
+        return int(np.prod(getattr(v.aval, "shape", ()), dtype=np.int64))
+
+    index = {v: k for k, v in enumerate(linear.invars[:num_residuals])}
+    smaller: dict[Any, int] = {}  # tangent -> elements it was broadcast from
+    out: set[int] = set()
+    for eqn in linear.eqns:
+        if eqn.primitive.name == "broadcast_in_dim" and isinstance(eqn.invars[0], core.Var):
+            src = eqn.invars[0]
+            smaller[eqn.outvars[0]] = min(size(src), smaller.get(src, size(src)))
+        elif eqn.primitive.name == "mul" and len(eqn.invars) == 2:
+            a, b = eqn.invars
+            for res, other in ((a, b), (b, a)):
+                if not (isinstance(res, core.Var) and res in index and isinstance(other, core.Var)):
+                    continue
+                if other not in index and smaller.get(other, size(other)) < size(res):
+                    out.add(index[res])
+    return out
 
 
 def input_labels(traced: TracedProgram) -> tuple[str, ...]:

@@ -1,6 +1,6 @@
 """The CP-SAT model of the memory model: variables, constraints, objective terms.
 
-It encodes :func:`remat_opt._memory.simulate` with ``planning=True``
+It encodes :func:`remat_opt.memory._simulate.simulate` with ``planning=True``
 linearly (read that module first; the tests hold the two equal, and equal to
 brute force on small graphs):
 
@@ -33,8 +33,8 @@ import bisect
 
 from ortools.sat.python import cp_model
 
-from ._graph import ProgramGraph
-from ._memory import (
+from ..program._graph import ProgramGraph
+from ..memory._simulate import (
     boundary_cotangent_bytes,
     kept_buffers,
     materialized,
@@ -43,8 +43,8 @@ from ._memory import (
     tail_extra_bytes,
     transient_bytes,
 )
-from ._schedule import Schedule
-from ._slots import gradient_slots, slot_candidates, slot_reads
+from .._schedule import Schedule
+from ..memory._slots import gradient_slots, slot_candidates, slot_reads
 
 
 def cut_candidates(graph: ProgramGraph, limit: int, include: frozenset[int] = frozenset()) -> tuple[int, ...]:
@@ -220,7 +220,7 @@ class Encoding:
 
     def _relayout_terms(self) -> list[list]:
         """Per position, the relayout copies its segment's backward makes
-        (:func:`remat_opt._memory.relayout_bytes`, spread over reading positions)."""
+        (:func:`remat_opt.memory._simulate.relayout_bytes`, spread over reading positions)."""
         g = self.graph
         terms: list[list] = [[] for _ in range(g.num_positions)]
         if not g.transposed:
@@ -304,7 +304,7 @@ class Encoding:
 
     def _slot_credit(self, e: int, crossing: dict[int, list]) -> cp_model.LinearExpr:
         """Stored bytes laid over free gradient slots at the end position ``e``
-        (:func:`remat_opt._slots.slot_credit`).
+        (:func:`remat_opt.memory._slots.slot_credit`).
 
         ``y`` marks a buffer credited: stored across a cut, in a schedule that
         saves no names.

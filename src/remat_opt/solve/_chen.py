@@ -1,7 +1,7 @@
 """Chen et al.'s segmentations as schedules on the program graph.
 
-Used as baselines (:mod:`remat_opt._baselines`) and as starting points of the
-solver's lowest-memory search (:mod:`remat_opt._solve`): they cost nothing to
+Used as baselines (:mod:`remat_opt.baselines._baselines`) and as starting points of the
+solver's lowest-memory search (:mod:`remat_opt.solve._solve`): they cost nothing to
 build and are often close to the smallest peak.
 
 References:
@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import math
 
-from ._fusion import materialized
-from ._graph import ProgramGraph
-from ._schedule import Schedule
+from ..memory._fusion import materialized
+from ..program._graph import ProgramGraph
+from .._schedule import Schedule
 
 
 def articulation_positions(graph: ProgramGraph) -> tuple[int, ...]:

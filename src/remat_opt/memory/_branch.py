@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ._graph import ProgramGraph
+from ..program._graph import ProgramGraph
 
 
 def live_at_peak(graph: ProgramGraph, members: Iterable[int], recomputed: set[int],

@@ -3,9 +3,9 @@
 XLA counts every gradient's output buffer from the start of the step, but
 writes it only in the backward of the segment that holds its input's last
 reader; until then it lays other values, no larger, over it. The memory
-model (:func:`remat_opt._memory.simulate`) credits those bytes in two ways:
+model (:func:`remat_opt.memory._simulate.simulate`) credits those bytes in two ways:
 
-* planning (the credit CP-SAT, :mod:`remat_opt._encoding`, encodes): values
+* planning (the credit CP-SAT, :mod:`remat_opt.solve._encoding`, encodes): values
   stored across cuts, in slots of their own size (:func:`slot_credit`),
   none in schedules that save names;
 * prediction: XLA's own assignment, approximated (:func:`assign_stored_buffers`
@@ -20,7 +20,7 @@ import bisect
 from collections.abc import Iterable
 from typing import NamedTuple
 
-from ._graph import ProgramGraph, aval_bytes
+from ..program._graph import ProgramGraph, aval_bytes
 
 
 def gradient_slots(graph: ProgramGraph) -> tuple[tuple[int, int], ...]:
@@ -150,11 +150,11 @@ def stored_in_slots(
     save names, also the residuals of the last segment, which runs as written.
 
     Without names, not the residuals of code run as written:
-    :func:`remat_opt._memory.calibrate` fits those to XLA's peak for the plain
+    :func:`remat_opt.memory._simulate.calibrate` fits those to XLA's peak for the plain
     program, slots included. With names, XLA lays them over gradient slots
     like any stored value: in the zoo U-Net's CP-SAT plan at a 3.05 MiB
     budget (Pareto sweep at 2ac7f41; stored values computed once,
-    :mod:`remat_opt._once`), the last segment's two concatenations
+    :mod:`remat_opt.memory._once`), the last segment's two concatenations
     (transposed), a convolution's output and a ``tanh`` sit in the gradient
     buffers of its convolutions at its peak. Without them that plan and one
     other were over-predicted by 7.0% and 6.8%; with them all 21 named plans
@@ -167,7 +167,7 @@ def stored_in_slots(
     those plans were over-predicted by up to 10.6%, and all 32 U-Net
     schedules fall within 4.8% with them (jax 0.10.2, XLA:CPU). Code run as
     written then loses the slots it had in the plain program
-    (:func:`remat_opt._memory.tail_extra_bytes`). The GPT's CP-SAT plans for
+    (:func:`remat_opt.memory._simulate.tail_extra_bytes`). The GPT's CP-SAT plans for
     budgets of 41.90 and 53.48 MiB, whose XLA peak is in the forward, which
     the model does not simulate, went from -4.1% and -2.6% to -8.9% and -5.9%.
     """

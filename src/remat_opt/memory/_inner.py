@@ -3,7 +3,7 @@
 A ``lax.scan`` kept as a loop is one unit of the graph: its stacked residuals
 are what JAX's partial evaluation stores for it, and the model counts them
 like any other residual. When the scan's body is under ``jax.checkpoint``
-(a loop plan of :mod:`remat_opt._loops`, or the user's own ``nn.remat`` in
+(a loop plan of :mod:`remat_opt.rewrite._loops`, or the user's own ``nn.remat`` in
 ``nn.scan``), that is not all: the backward loop reruns the body's forward
 for each iteration and holds what that recomputation stores while the
 iteration's backward runs. For iterations nested in checkpointed groups, one
@@ -11,7 +11,7 @@ group's rerun holds the inner scan's stacked residuals, and the inner scan's
 iterations rematerialize again.
 
 The model charges that as the scan unit's transient (see
-:func:`remat_opt._memory.transient_bytes`): the peak of the body's own
+:func:`remat_opt.memory._simulate.transient_bytes`): the peak of the body's own
 gradient, simulated by the same model on the body's own graph, above the
 body's inputs and outputs (live in the enclosing program already), less the
 bytes per iteration the enclosing scan stores for it. Measured on the
@@ -28,11 +28,11 @@ import jax
 import jax.numpy as jnp
 from jax._src import core
 
-from ._errors import UnsupportedProgramError
-from ._trace import _CHECKPOINT_PRIMITIVES, _has_tangent, trace
+from .._errors import UnsupportedProgramError
+from ..program._trace import _CHECKPOINT_PRIMITIVES, _has_tangent, trace
 
 if TYPE_CHECKING:
-    from ._graph import ProgramGraph
+    from ..program._graph import ProgramGraph
 
 
 def rematerializes(jaxpr: core.Jaxpr) -> bool:
@@ -51,9 +51,9 @@ def iteration_backward_bytes(eqn: core.JaxprEqn, tangent_in: list[bool]) -> int:
         eqn: a ``scan`` equation.
         tangent_in: per operand of ``eqn``, whether it carries a tangent.
     """
-    from ._graph import build_graph  # which calls with_inner_bytes: nested loops recurse
-    from ._memory import simulate
-    from ._schedule import Schedule
+    from ._facts import model_graph  # which calls with_inner_bytes: nested loops recurse
+    from ._simulate import simulate
+    from .._schedule import Schedule
 
     body: core.ClosedJaxpr = eqn.params["jaxpr"]
     avals = [v.aval for v in body.jaxpr.invars]
@@ -75,7 +75,7 @@ def iteration_backward_bytes(eqn: core.JaxprEqn, tangent_in: list[bool]) -> int:
         [spec(a) for a, d in zip(avals, diff) if not d],
         [spec(body.jaxpr.outvars[k].aval) for k in floats],
     )
-    graph = build_graph(trace(loss, args, {}, (0,)))
+    graph = model_graph(trace(loss, args, {}, (0,)))
     peak = simulate(graph, Schedule(plain=True)).peak_bytes
     return max(0, peak - graph.input_bytes - graph.output_bytes)
 

@@ -8,7 +8,7 @@ Griewank's binomial checkpointing (Revolve) is the optimal such tree for a
 chain of equal steps under a number of stored states.
 
 The chain is the program cut at its articulation positions (where a single
-value crosses, :func:`remat_opt._chen.articulation_positions`); a step is the
+value crosses, :func:`remat_opt.solve._chen.articulation_positions`); a step is the
 program between two of them, weighted by its FLOPs. Two families of trees are
 built by dynamic programming on it, both minimizing the FLOPs recomputed:
 
@@ -22,7 +22,7 @@ built by dynamic programming on it, both minimizing the FLOPs recomputed:
   under this count.
 
 Units are a proxy for bytes; every tree is then simulated in bytes
-(:func:`remat_opt._memory.simulate`) and measured on XLA before it is used.
+(:func:`remat_opt.memory._simulate.simulate`) and measured on XLA before it is used.
 
 References:
     A. Griewank, A. Walther. Algorithm 799: Revolve: An Implementation of
@@ -38,8 +38,8 @@ from collections.abc import Callable, Sequence
 from itertools import accumulate
 
 from ._chen import articulation_positions
-from ._graph import ProgramGraph
-from ._schedule import Schedule
+from ..program._graph import ProgramGraph
+from .._schedule import Schedule
 
 _INF = math.inf
 

@@ -5,7 +5,7 @@ name-based policy (``save_only_these_names`` — the kind ``jax_remat3``
 honours), wrapped in a ``jax.custom_vjp`` whose backward runs the segment's
 recompute-and-transpose inside a ``lax.cond`` on a predicate read from the
 incoming cotangent and the segment's output. The last segment runs as written
-(its backward follows its forward at once; see :mod:`remat_opt._memory`).
+(its backward follows its forward at once; see :mod:`remat_opt.memory._simulate`).
 A nested segment's function is its own level of such segments, so its
 backward reruns it under the inner schedule: checkpoints within a checkpoint.
 
@@ -18,7 +18,7 @@ same, exact gradient, so correctness never depends on the predicate's value.
 
 By default (``compute_saved_once``), in a plan that saves names, the stored
 values XLA would rebuild in every reader from the operands they were computed
-from (a residual stream) go through :func:`remat_opt._once.computed_once`, so
+from (a residual stream) go through :func:`remat_opt.memory._once.computed_once`, so
 XLA computes them once and frees those operands where the plan says.
 """
 
@@ -33,11 +33,11 @@ import jax.numpy as jnp
 from jax import lax
 from jax._src import core
 
-from ._graph import ProgramGraph
-from ._names import eval_named, is_nameable, value_name
-from ._once import computed_once, once_values
-from ._schedule import Schedule
-from ._trace import read_atom
+from ..program._graph import ProgramGraph
+from ..program._names import eval_named, is_nameable, value_name
+from ..memory._once import computed_once, once_values
+from .._schedule import Schedule
+from ..program._trace import read_atom
 
 
 @dataclass(frozen=True)
@@ -168,8 +168,8 @@ def rewrite(
 ) -> Callable[..., list[Any]]:
     """The program of ``graph`` under ``schedule``, as a function of flat inputs.
 
-    With ``compute_saved_once``, the values :func:`remat_opt._once.once_values`
-    lists go through :func:`remat_opt._once.computed_once`.
+    With ``compute_saved_once``, the values :func:`remat_opt.memory._once.once_values`
+    lists go through :func:`remat_opt.memory._once.computed_once`.
     """
     closed = graph.traced.jaxpr
     jaxpr = closed.jaxpr
@@ -199,8 +199,8 @@ def _level(
     function is its own level, so its backward reruns it under the inner
     schedule (checkpoints within a checkpoint). The last segment runs as
     written: its backward follows its forward at once, so recomputing it
-    would only cost FLOPs (see :mod:`remat_opt._memory`). ``wrap`` is
-    passed to :func:`remat_opt._names.eval_named` (flat levels only).
+    would only cost FLOPs (see :mod:`remat_opt.memory._simulate`). ``wrap`` is
+    passed to :func:`remat_opt.program._names.eval_named` (flat levels only).
     """
     jaxpr = graph.traced.jaxpr.jaxpr
     segments = segments_of(graph, schedule, start, stop)

@@ -3,7 +3,7 @@
 This is the independent check of every plan (Checkmate kept one for the same
 reason): it recomputes, from the graph and the decisions alone, what the
 rewritten program stores, recomputes and holds at its peak, trusting nothing
-the solver said. The CP-SAT model in :mod:`remat_opt._encoding` encodes exactly
+the solver said. The CP-SAT model in :mod:`remat_opt.solve._encoding` encodes exactly
 these rules; tests hold the two equal on every plan and equal to brute force.
 
 Execution model (the one the rewriter enforces, FINDINGS §2): the forward runs
@@ -11,7 +11,7 @@ the whole program; each segment's backward then runs, last segment first,
 fenced so that it starts only once its cotangent exists. Inside a segment's
 backward every recomputed residual is materialized at once, then transposed
 (CP-SAT plans with that count; the prediction counts what XLA:CPU's
-breadth-first scheduler leaves live at once, :mod:`remat_opt._branch`).
+breadth-first scheduler leaves live at once, :mod:`remat_opt.memory._branch`).
 The peak during the backward of segment J is
 
     inputs + outputs                       (arguments, primal outputs, gradients: all
@@ -26,7 +26,7 @@ The peak during the backward of segment J is
   - stored values in gradient slots        (values XLA lays over the output buffer,
                                             as large or larger, of a gradient not yet
                                             written; in schedules that save names,
-                                            from a segment later: :mod:`remat_opt._slots`)
+                                            from a segment later: :mod:`remat_opt.memory._slots`)
   + recomputed residuals of J
   - recomputed residuals in gradient slots (those the stored values leave free, read
                                             before J, or a matmul weight's read
@@ -50,13 +50,13 @@ are scaled by a factor fitted to XLA's peak for the plain program
 (:func:`calibrate`, measured by every ``optimize`` call anyway).
 
 CP-SAT plans with a narrower slot credit (``simulate(planning=True)``, which
-:mod:`remat_opt._encoding` encodes exactly): only values stored across a cut, in
+:mod:`remat_opt.solve._encoding` encodes exactly): only values stored across a cut, in
 slots of their own size, and none in schedules that save names. The
 prediction follows XLA's buffer assigner more closely
-(:func:`remat_opt._slots.assign_stored_buffers`: values stored across a cut
+(:func:`remat_opt.memory._slots.assign_stored_buffers`: values stored across a cut
 and saved names, each once for the whole step, in any slot as large; then a
 fenced segment's rematerialized buffers in the slots left free:
-:func:`remat_opt._slots.predicted_slot_credit`).
+:func:`remat_opt.memory._slots.predicted_slot_credit`).
 
 Known gaps, measured in XLA's buffer assignment (jax 0.10.2, XLA:CPU) and
 not modelled yet: XLA's assignment is global and also places temporaries
@@ -85,14 +85,14 @@ it raw). Whether a residual reaches the conditional raw or through the
 ``reduce_precision`` ``jax.checkpoint`` puts on residuals its segment also
 reads, and what XLA's passes leave of that, the schedule does not tell
 (Chen's plan: 16 raw stream adds in the HLO JAX emits, 4 computed once).
-:mod:`remat_opt._once` uses that rule to end the chains of plans that
+:mod:`remat_opt.memory._once` uses that rule to end the chains of plans that
 save names (``optimize``'s default), which the model then counts as written:
 in those plans, the prediction lays the last
 segment's residuals over gradient slots too
-(:func:`remat_opt._slots.stored_in_slots`), and holds no source of a fused
-residual that reads a value computed once (:func:`remat_opt._once.held_when_once`).
+(:func:`remat_opt.memory._slots.stored_in_slots`), and holds no source of a fused
+residual that reads a value computed once (:func:`remat_opt.memory._once.held_when_once`).
 
-Nested schedules (:attr:`Schedule.nested`, built by :mod:`remat_opt._nesting`)
+Nested schedules (:attr:`Schedule.nested`, built by :mod:`remat_opt.solve._nesting`)
 follow the same rules on the segments of every level at once: a nested
 segment's backward reruns its forward, storing what its own level stores
 (values crossing its inner cuts, its last inner segment's residuals), then
@@ -108,9 +108,9 @@ import dataclasses
 
 from ._branch import live_per_segment
 from ._fusion import materialized, read_by_backward
-from ._graph import ProgramGraph
+from ..program._graph import ProgramGraph
 from ._once import held_when_once
-from ._schedule import Schedule, Simulation, nested_ranges, segment_of_positions
+from .._schedule import Schedule, Simulation, nested_ranges, segment_of_positions
 from ._slots import (
     gradient_slots,
     matmul_slots,
@@ -131,7 +131,7 @@ def transient_bytes(graph: ProgramGraph, unit: int, recomputed: bool = False) ->
     """In-flight bytes while one unit is transposed: its largest output (XLA:CPU
     writes most cotangents in place of a dead operand, so one, not two), plus,
     for a scan whose body rematerializes, what one iteration's rerun holds
-    (:attr:`ProgramGraph.inner_bytes`, from :mod:`remat_opt._inner`).
+    (:attr:`ProgramGraph.inner_bytes`, from :mod:`remat_opt.memory._inner`).
 
     Two for a recomputed quotient by a smaller, broadcast operand
     (``recomputed``: by a fenced segment, or by a nested segment's rerun of
@@ -236,7 +236,7 @@ def tail_extra_bytes(graph: ProgramGraph, buffer: int, names_in_slots: bool = Fa
 
     A scale below 1 is XLA laying those residuals over gradient slots in the
     plain program. With ``names_in_slots`` (the prediction, in schedules that
-    save names), the names take those slots (:func:`remat_opt._slots.stored_in_slots`)
+    save names), the names take those slots (:func:`remat_opt.memory._slots.stored_in_slots`)
     and the scale counts as 1. The demo GPT's CP-SAT plan at 0.75 of its
     plain peak (scale 0.96): -1.3% of XLA's peak with neither the names in
     slots nor this, -5.5% with the names on top of the scale (those slots
@@ -293,7 +293,7 @@ def _read_copies(
     peak, XLA holds none of the 7 stream values the model had stored across
     cuts that save their segment's stream adds, 0.22 MiB at its peak; the
     model over-predicted that plan by 5.6% (+4.5% once the conditionals of
-    :mod:`remat_opt._once` became optimization barriers), and predicts it
+    :mod:`remat_opt.memory._once` became optimization barriers), and predicts it
     within 1% with this rule. Chen's sqrt(n) segmentation of the zoo GPT
     has six two-position segments, a bias added to the residual stream; XLA
     holds none of the stream values crossing into them, and the model went
@@ -321,14 +321,14 @@ def _read_copies(
 def simulate(graph: ProgramGraph, schedule: Schedule, *, planning: bool = False) -> Simulation:
     """Predicts peak bytes and recompute FLOPs of ``schedule`` on ``graph``.
 
-    With ``planning``, the model CP-SAT plans with (:mod:`remat_opt._encoding`
+    With ``planning``, the model CP-SAT plans with (:mod:`remat_opt.solve._encoding`
     encodes exactly it): the same, except for the gradient-slot credit,
     which is narrower (see the module docstring). The prediction's rules
     are approximate, and as constraints they steered CP-SAT to plans XLA
     measured over their prediction (with names saved: the demo GPT at
     0.6, 0.5, 0.4 and 0.3 of its plain peak, 1-9%): an optimizer seeks out
     where a model errs low. Planned without them, plans are over-predicted
-    rather than under (see :func:`remat_opt._slots.segment_slots` for the figures).
+    rather than under (see :func:`remat_opt.memory._slots.segment_slots` for the figures).
 
     Nesting (``schedule.nested``) is simulated on the segments of every level
     at once: each backward step runs on one of them. A value crossing a cut is

@@ -36,7 +36,7 @@ such plans get none (:func:`once_values`). On by default
 (``optimize(..., compute_saved_once=False)`` turns it off). The memory model
 counts the plans it applies to as XLA then runs them: the stored values held
 once, each fenced branch's recomputation as XLA's breadth-first scheduler
-leaves it live (:mod:`remat_opt._branch`).
+leaves it live (:mod:`remat_opt.memory._branch`).
 """
 
 from __future__ import annotations
@@ -49,9 +49,9 @@ import jax.numpy as jnp
 from jax import lax
 
 from ._fusion import fused_sources, materialized
-from ._graph import ProgramGraph
-from ._names import parse_value_name
-from ._schedule import Schedule, segment_of_positions
+from ..program._graph import ProgramGraph
+from ..program._names import parse_value_name
+from .._schedule import Schedule, segment_of_positions
 
 # Elementwise primitives of more than one operand: XLA duplicates their result
 # into its readers unless a reader cannot fuse it.
@@ -123,7 +123,7 @@ def once_values(graph: ProgramGraph, schedule: Schedule) -> frozenset[tuple[int,
 def held_when_once(graph: ProgramGraph, schedule: Schedule) -> ProgramGraph:
     """``graph`` with the values XLA holds for fused residuals once ``schedule``'s
     stored values are computed once: a fused residual read from such a value is
-    recomputed from it, not from its sources (:func:`remat_opt._fusion.fused_sources`).
+    recomputed from it, not from its sources (:func:`remat_opt.memory._fusion.fused_sources`).
     ``graph`` itself where nothing is computed once."""
     once = stored_once(graph, schedule)
     if not once or not graph.held:

@@ -59,10 +59,10 @@ def eval_named(
 ) -> None:
     """Evaluates primal equations ``start:stop`` into ``env``, scoped and named.
 
-    ``evaluate`` binds one equation (:func:`remat_opt._trace.eval_eqn`); the
+    ``evaluate`` binds one equation (:func:`remat_opt.program._trace.eval_eqn`); the
     graph passes one that spells out what XLA does inside an equation.
     ``wrap(i, k, value)``, if given, replaces each floating output before it
-    is named (the rewriter's :func:`remat_opt._once.computed_once`).
+    is named (the rewriter's :func:`remat_opt.memory._once.computed_once`).
     """
     for i in range(start, stop):
         eqn = jaxpr.eqns[i]

@@ -18,7 +18,7 @@ concatenated, so that the planner can place checkpoints between iterations and
 inside them — storing every k-th carry, or saving some of the body's values and
 recomputing the rest, is then one plan over both levels under one budget. A
 longer scan stays one unit to the solver (the cost of its stacked residuals
-is still counted); the loop plans of :mod:`remat_opt._loops` apply to it. :attr:`TracedProgram.unrolled_scans`
+is still counted); the loop plans of :mod:`remat_opt.rewrite._loops` apply to it. :attr:`TracedProgram.unrolled_scans`
 says how many were unrolled: the flat program then differs from the user's
 (same values, no loop), which the pipeline measures on its own.
 
@@ -44,7 +44,7 @@ import numpy as np
 from jax._src import core, effects, source_info_util
 from jax._src.interpreters import ad
 
-from ._errors import UnsupportedProgramError
+from .._errors import UnsupportedProgramError
 from ._static import combine, differentiated, split
 
 # Primitives whose only job is to group equations; inlined on tracing.
@@ -194,7 +194,7 @@ def trace(
     Args:
         fn: the user's function.
         args: positional arguments: pytrees of arrays and static leaves (any
-            other object, Python scalars included; see :mod:`remat_opt._static`),
+            other object, Python scalars included; see :mod:`remat_opt.program._static`),
             which are closed over and are not inputs of the traced program.
         kwargs: keyword arguments, the same, never differentiated.
         argnums: normalized positional indices that are differentiated.

@@ -9,7 +9,7 @@ FLOPs are counted on the jaxpr, because XLA's ``cost_analysis`` counts after
 CSE and hides or shows recomputation depending on its passes (FINDINGS §4).
 
 Arguments with static leaves (an Equinox module's activation functions; see
-:mod:`remat_opt._static`) are measured the way ``eqx.filter_value_and_grad``
+:mod:`remat_opt.program._static`) are measured the way ``eqx.filter_value_and_grad``
 runs them: the floating array leaves of the ``argnums`` arguments are
 differentiated, the other arrays are inputs that are not, and the static
 leaves are closed over.
@@ -23,9 +23,9 @@ from typing import Any
 import jax
 from jax._src.interpreters import partial_eval as pe
 
-from ._cost import CostModel, jaxpr_flops
-from ._static import combine, differentiated, is_traced, split
-from ._trace import normalize_argnums
+from ..program._cost import CostModel, jaxpr_flops
+from ..program._static import combine, differentiated, is_traced, split
+from ..program._trace import normalize_argnums
 
 
 def abstract(tree: Any) -> Any:

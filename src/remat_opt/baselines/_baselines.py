@@ -39,15 +39,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from ._chen import chen_greedy_candidates, chen_sqrt_n_schedule
-from ._cost import CostModel
-from ._memory import simulate
-from ._nesting import MAX_DEPTH, chain_steps, revolve_schedule, revolve_schedules
-from ._optimize import apply_schedule
-from ._plan import Plan
-from ._policies import POLICIES, layer_policy_program, policy_program
+from ..solve._chen import chen_greedy_candidates, chen_sqrt_n_schedule
+from ..program._cost import CostModel
+from ..memory._simulate import simulate
+from ..solve._nesting import MAX_DEPTH, chain_steps, revolve_schedule, revolve_schedules
+from .._optimize import apply_schedule
+from .._plan import Plan
+from ..rewrite._policies import POLICIES, layer_policy_program, policy_program
 from ._reference import Reference, policy_plan, reference, schedule_plan
-from ._schedule import Schedule
+from .._schedule import Schedule
 
 
 def _check_positive(argument: str, value: object, *, allow_none: bool = False) -> None:
@@ -386,13 +386,13 @@ def revolve(
 ) -> Plan:
     """Griewank's Revolve (binomial checkpointing), as nested fenced checkpoints.
 
-    The program's chain (:func:`remat_opt._nesting.chain_steps`: its
-    articulation positions, at most :data:`~remat_opt._nesting.MAX_STEPS`
+    The program's chain (:func:`remat_opt.solve._nesting.chain_steps`: its
+    articulation positions, at most :data:`~remat_opt.solve._nesting.MAX_STEPS`
     steps) is reversed with ``snapshots`` stored states and one taped step
     at a time, recomputing the fewest FLOPs (Griewank & Walther's recursion,
     each step weighted by its FLOPs). A segment whose reversal needs states
     of its own is a checkpoint inside a checkpoint, fenced like every
-    segment, at most :data:`~remat_opt._nesting.MAX_DEPTH` levels deep.
+    segment, at most :data:`~remat_opt.solve._nesting.MAX_DEPTH` levels deep.
 
     Args:
         fn: the loss function, returning a scalar.

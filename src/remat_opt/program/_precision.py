@@ -12,7 +12,7 @@ bytes of the bfloat16 value), on top of the half-precision value itself when
 another reader needs it (``1 - tanh²``). Elementwise work is upcast too, but
 inside fusions, where no buffer changes.
 
-The graph (:mod:`remat_opt._graph`) is linearized through
+The graph (:mod:`remat_opt.program._graph`) is linearized through
 :func:`upcasting_evaluator`, so it holds those copies as values of their own;
 the program that runs is never changed.
 """

@@ -1,7 +1,7 @@
 """Stage 4 — solve: where the segments fall and what is saved, with CP-SAT.
 
-Searches the model of :mod:`remat_opt._encoding` (the memory model of
-:func:`remat_opt._memory.simulate` with ``planning=True``, linearly): the
+Searches the model of :mod:`remat_opt.solve._encoding` (the memory model of
+:func:`remat_opt.memory._simulate.simulate` with ``planning=True``, linearly): the
 least recompute under a budget (:func:`solve`), the lowest peak at any
 cost (:func:`min_peak_schedule`), each started from the best of Chen's
 segmentations and never returning worse. Every solve is bounded, seeded
@@ -22,10 +22,10 @@ from ortools.sat.python import cp_model
 
 from ._chen import chen_schedules
 from ._encoding import Encoding, cut_candidates, save_candidates
-from ._errors import InfeasibleBudgetError
-from ._graph import ProgramGraph
-from ._memory import simulate
-from ._schedule import Schedule
+from .._errors import InfeasibleBudgetError
+from ..program._graph import ProgramGraph
+from ..memory._simulate import simulate
+from .._schedule import Schedule
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,7 @@ def _chen_starts(graph: ProgramGraph) -> list[Schedule]:
 def min_peak_schedule(graph: ProgramGraph, options: SolverOptions = SolverOptions()) -> Schedule:
     """A schedule with the smallest peak the model can reach, whatever the FLOPs.
 
-    CP-SAT starts from the best of Chen's segmentations (:mod:`remat_opt._chen`)
+    CP-SAT starts from the best of Chen's segmentations (:mod:`remat_opt.solve._chen`)
     and the result is never worse than any of them: under a time limit the
     search may stop before it has improved on that start.
     """

@@ -6,13 +6,13 @@ stage ``t`` computes operation ``t`` and may recompute earlier ones. Binary
 ``Free[t,(i,k)]`` (``i`` freed once its reader ``k`` ran in stage ``t``) and
 continuous ``U[t,k]`` (bytes held after ``k`` in stage ``t``) <= budget;
 objective ``sum R[t,i] cost[i]``. Only the lower triangle is built: O(n²)
-binaries, where :mod:`remat_opt._encoding` needs O(n). Solved by an open MILP
+binaries, where :mod:`remat_opt.solve._encoding` needs O(n). Solved by an open MILP
 solver bundled with OR-tools (SCIP by default; CBC or HiGHS). A reference,
 not a planner: plans are checked by :func:`simulate_stages` (the rules
 evaluated directly on ``R`` and ``S``), *not* rewritten into JAX.
 
 :func:`from_program_graph` builds Checkmate's graph from a
-:class:`~remat_opt._graph.ProgramGraph`, approximately:
+:class:`~remat_opt.program._graph.ProgramGraph`, approximately:
 
 * Forward operations: the known-program units owning a buffer. Aliases
   (``name``, reshapes) fold into the unit whose buffer they share; residuals
@@ -27,7 +27,7 @@ evaluated directly on ``R`` and ``S``), *not* rewritten into JAX.
   consulted, so a residual may be needed earlier and held longer than it is.
 * Inputs, primal outputs and gradients are a constant ``base_bytes``; in-flight
   transients and in-place reuse are not modelled. Derived units (``1 - tanh²``)
-  cost 0, as in :func:`remat_opt._memory.simulate`.
+  cost 0, as in :func:`remat_opt.memory._simulate.simulate`.
 
 References:
     Jain et al., "Checkmate: Breaking the Memory Wall with Optimal Tensor
@@ -45,7 +45,7 @@ import jax.numpy as jnp
 from jax._src import core
 from ortools.linear_solver import pywraplp
 
-from ._graph import ProgramGraph, aval_bytes
+from ..program._graph import ProgramGraph, aval_bytes
 
 BACKENDS = ("SCIP", "CBC", "HIGHS")
 Ops = frozenset[int]

@@ -1,6 +1,6 @@
 """Loop plans: a ``lax.scan`` kept as a loop, its body and iterations checkpointed.
 
-Unrolling a scan over layers (:mod:`remat_opt._trace`) lets CP-SAT place
+Unrolling a scan over layers (:mod:`remat_opt.program._trace`) lets CP-SAT place
 checkpoints anywhere, but it costs what the loop gets for free: the unrolled
 program splits the stacked inputs into per-iteration copies and concatenates
 the per-iteration gradients at the end, where XLA's loop slices and updates
@@ -31,7 +31,7 @@ from jax import lax
 from jax._src import core
 
 from ._policies import POLICIES
-from ._trace import TracedProgram, eval_eqn, read_atom
+from ..program._trace import TracedProgram, eval_eqn, read_atom
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ class LoopPlan:
     """How each scan of the program, kept as a loop, is checkpointed.
 
     Attributes:
-        policy: a JAX built-in policy (a key of ``remat_opt._policies.POLICIES``)
+        policy: a JAX built-in policy (a key of ``remat_opt.rewrite._policies.POLICIES``)
             applied to the scan body with ``jax.checkpoint``; ``None`` leaves the
             body as written.
         chunks: the iterations run as ``chunks`` groups, each an inner scan

@@ -3,19 +3,17 @@
 XLA fuses cheap elementwise work into its readers, so many residuals JAX lists
 never get a buffer (they are recomputed inside the backward's fusions), while
 some values JAX does not list are held for those fusions. Each rule here was
-read off XLA's buffer assignment (jax 0.10.2, XLA:CPU); :mod:`remat_opt._graph`
+read off XLA's buffer assignment (jax 0.10.2, XLA:CPU); :mod:`remat_opt.program._graph`
 applies them when it builds the program graph.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-import numpy as np
-from jax._src import core
 
 if TYPE_CHECKING:
-    from ._graph import ProgramGraph, Unit
+    from ..program._graph import ProgramGraph, Unit
 
 # Elementwise (or broadcast-like) primitives XLA:CPU fuses into their consumers
 # and duplicates freely (not in XLA's ``IsExpensive``): a value made by one of
@@ -70,38 +68,6 @@ def transposed_layouts(
                 and any(out[w] and shapes[w] == shapes[v] for w in unit.inputs)
             )
     return tuple(out)
-
-
-def reduced_residuals(linear: core.Jaxpr, num_residuals: int) -> set[int]:
-    """Indices of the residuals the backward reduces against a cotangent.
-
-    In the linear (tangent) program a residual multiplied by a smaller tangent,
-    broadcast before the ``mul`` or inside it (``normalized * d_scale[None]``
-    in a norm layer), transposes to ``reduce_sum(normalized * ct)``: the
-    gradient of the scale. XLA:CPU runs that reduction as a fusion that reads
-    its elementwise operands from memory, so the residual gets a buffer even
-    when it is cheap to recompute (measured on jax 0.10.2, resnet: the group
-    norms' normalized activations are held through their segment's backward).
-    The residuals are the leading inputs of the linear program.
-    """
-    def size(v: Any) -> int:
-        return int(np.prod(getattr(v.aval, "shape", ()), dtype=np.int64))
-
-    index = {v: k for k, v in enumerate(linear.invars[:num_residuals])}
-    smaller: dict[Any, int] = {}  # tangent -> elements it was broadcast from
-    out: set[int] = set()
-    for eqn in linear.eqns:
-        if eqn.primitive.name == "broadcast_in_dim" and isinstance(eqn.invars[0], core.Var):
-            src = eqn.invars[0]
-            smaller[eqn.outvars[0]] = min(size(src), smaller.get(src, size(src)))
-        elif eqn.primitive.name == "mul" and len(eqn.invars) == 2:
-            a, b = eqn.invars
-            for res, other in ((a, b), (b, a)):
-                if not (isinstance(res, core.Var) and res in index and isinstance(other, core.Var)):
-                    continue
-                if other not in index and smaller.get(other, size(other)) < size(res):
-                    out.add(index[res])
-    return out
 
 
 def fused_residuals(
@@ -169,7 +135,7 @@ def fused_sources(
     live anyway and are not marked.
 
     The walk also stops at a node of ``computed_once``: a value a conditional
-    XLA cannot fuse reads (:mod:`remat_opt._once`), which XLA computes once
+    XLA cannot fuse reads (:mod:`remat_opt.memory._once`), which XLA computes once
     and the fusions then read, the node itself and not another computation
     of the same buffer. Measured (jax 0.10.2, XLA:CPU) on the zoo U-Net, whose
     group norms compute ``x - mean`` twice (for the variance, then to

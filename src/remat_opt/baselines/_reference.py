@@ -15,15 +15,16 @@ from typing import Any
 import jax
 import networkx as nx
 
-from ._budget import parse_bytes
-from ._cost import CostModel
-from ._graph import ProgramGraph, build_graph
-from ._measure import abstract, gradient_flops, peak_bytes
-from ._memory import calibrate, simulate
-from ._optimize import annotate, apply_schedule
-from ._plan import Plan
-from ._schedule import Schedule
-from ._trace import normalize_argnums, trace
+from .._budget import parse_bytes
+from ..program._cost import CostModel
+from ..memory._facts import model_graph
+from ..program._graph import ProgramGraph
+from ..memory._measure import abstract, gradient_flops, peak_bytes
+from ..memory._simulate import calibrate, simulate
+from .._optimize import annotate, apply_schedule
+from .._plan import Plan
+from .._schedule import Schedule
+from ..program._trace import normalize_argnums, trace
 
 STATUS = "BASELINE"
 
@@ -64,7 +65,7 @@ def reference(
     nums_t = normalize_argnums(argnums, len(args))
     nums = nums_t if len(nums_t) > 1 else nums_t[0]
     plain_peak = peak_bytes(fn, *args, argnums=nums, **kwargs)
-    graph = calibrate(build_graph(trace(fn, args, kwargs, nums_t), cost_model), plain_peak)
+    graph = calibrate(model_graph(trace(fn, args, kwargs, nums_t), cost_model), plain_peak)
     return Reference(
         fn=fn,
         args=args,
