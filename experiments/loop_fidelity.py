@@ -26,7 +26,7 @@ from remat_opt.memory import model_graph
 from remat_opt.rewrite._loops import loop_candidates, loop_program, scan_lengths
 from remat_opt.memory._measure import abstract
 from remat_opt.memory._simulate import calibrate, simulate
-from remat_opt._optimize import with_signature
+from remat_opt.program._trace import with_signature
 from remat_opt._schedule import Schedule
 from remat_opt.program._trace import trace
 from remat_opt.zoo import gpt

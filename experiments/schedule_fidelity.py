@@ -42,11 +42,12 @@ from remat_opt.zoo import MODELS  # noqa: E402
 CSV = RESULTS / "schedule_fidelity.csv"
 
 
-def model_reference(name: str, config=None) -> tuple[Reference, tuple]:
-    """The zoo model (its default config unless given), its plain peak and its calibrated graph."""
+def model_reference(name: str, config=None, xla_facts: bool = True) -> tuple[Reference, tuple]:
+    """The zoo model (its default config unless given), its plain peak and its
+    calibrated graph (its facts read off XLA's compiled program unless ``xla_facts`` is off)."""
     spec = MODELS[name]
     params, batch = spec.init(config or spec.default_config, jax.random.PRNGKey(0))
-    return reference(spec.loss, (params, batch), {}, 0, 1 << 40, None), (params, batch)
+    return reference(spec.loss, (params, batch), {}, 0, 1 << 40, None, xla_facts), (params, batch)
 
 
 def baseline_schedules(graph: ProgramGraph) -> dict[str, Schedule]:
@@ -108,13 +109,13 @@ def remeasure(rows: list[dict], models: list[str]) -> list[dict]:
     return out
 
 
-def check(rows: list[dict]) -> list[dict]:
+def check(rows: list[dict], xla_facts: bool = True) -> list[dict]:
     """``rows`` with the current model's prediction and its relative error."""
     graphs: dict[str, ProgramGraph] = {}
     out = []
     for r in rows:
         if r["model"] not in graphs:
-            graphs[r["model"]] = model_reference(r["model"])[0].graph
+            graphs[r["model"]] = model_reference(r["model"], xla_facts=xla_facts)[0].graph
         predicted = simulate(graphs[r["model"]], Schedule.from_json(r["schedule"])).peak_bytes
         measured = int(r["measured_peak_bytes"])
         out.append({**r, "predicted_peak_bytes": predicted, "relative_error": (predicted - measured) / measured})
@@ -137,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", default="gpt,mlp,resnet,unet")
     parser.add_argument("--plans", action="store_true", help="collect: also remat_opt's plans (minutes each)")
     parser.add_argument("--csv", type=Path, default=CSV)
+    parser.add_argument("--rules", action="store_true",
+                        help="check: the hand-written fusion rules instead of facts read off XLA's compiled program")
     args = parser.parse_args(argv)
     if args.mode == "collect":
         rows = collect(args.models.split(","), args.plans)
@@ -149,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         write_csv(args.csv, rows, "\n".join(header + [f"then the schedules that save names: {command()} ({stamp()})"]))
         print(f"wrote {len(rows)} schedules to {args.csv}")
         return 0
-    checked = check([r for r in read_csv(args.csv) if r["model"] in args.models.split(",")])
+    checked = check([r for r in read_csv(args.csv) if r["model"] in args.models.split(",")], not args.rules)
     for r in checked:
         if abs(r["relative_error"]) > 0.05:
             print(f"  {r['model']:7s} {r['label']:20s} predicted {r['predicted_peak_bytes']:>11d} "

@@ -28,6 +28,7 @@ from ._errors import RematOptError as RematOptError
 from ._errors import UnsupportedProgramError as UnsupportedProgramError
 from .memory._measure import peak_bytes as peak_bytes
 from ._optimize import OptimizedFunction as OptimizedFunction
+from .memory._fusion import UnknownPrimitiveWarning as UnknownPrimitiveWarning
 from ._optimize import optimize as optimize
 from ._plan import Plan as Plan
 from .rewrite._policies import POLICIES as POLICIES
@@ -46,6 +47,7 @@ __all__ = [
     "RematOptError",
     "Schedule",
     "SolverOptions",
+    "UnknownPrimitiveWarning",
     "UnsupportedProgramError",
     "all_baselines",
     "checkpoint_policy",

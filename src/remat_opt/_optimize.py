@@ -29,8 +29,8 @@ from ._budget import parse_bytes
 from .solve._chen import chen_schedules
 from .program._cost import CostModel
 from ._errors import InfeasibleBudgetError
-from .memory._facts import model_graph
-from .program._graph import ProgramGraph
+from .memory._facts import check_known, model_graph, read_plain, unknown_primitives, with_memory_facts
+from .program._graph import ProgramGraph, build_graph
 from .rewrite._loops import loop_candidates, loop_program, scan_lengths
 from .memory._measure import abstract, gradient_flops, peak_bytes
 from .memory._simulate import calibrate, simulate
@@ -41,7 +41,7 @@ from .rewrite._rewrite import rewrite
 from ._schedule import Schedule, Simulation
 from .solve._solve import SolverOptions, low_memory_schedules, min_peak_schedule, solve
 from .program._static import Static, split
-from .program._trace import TracedProgram, normalize_argnums, trace
+from .program._trace import with_signature, TracedProgram, normalize_argnums, trace
 
 
 @dataclass(frozen=True)
@@ -67,19 +67,6 @@ def apply_schedule(
     if schedule.plain and not graph.traced.unrolled_scans:
         return fn
     return with_signature(fn, graph.traced, rewrite(graph, schedule, compute_saved_once=compute_saved_once))
-
-
-def with_signature(
-    fn: Callable[..., Any], traced: TracedProgram, program: Callable[..., list[Any]]
-) -> Callable[..., Any]:
-    """A flat program of ``traced`` as a function with ``fn``'s signature and outputs."""
-
-    @functools.wraps(fn)
-    def rewritten(*args: Any, **kwargs: Any) -> Any:
-        flat, _ = split((args, kwargs))  # static leaves were closed over when tracing
-        return jax.tree_util.tree_unflatten(traced.out_tree, program(*flat))
-
-    return rewritten
 
 
 def annotate(graph: ProgramGraph, sim: Simulation) -> nx.DiGraph:
@@ -124,6 +111,7 @@ class OptimizedFunction:
         has_aux: bool = False,
         unroll_scans: int = 0,
         compute_saved_once: bool = True,
+        xla_facts: bool = True,
     ):
         self.fn = fn
         self.budget_bytes = budget_bytes
@@ -134,6 +122,7 @@ class OptimizedFunction:
         self.has_aux = has_aux
         self.unroll_scans = unroll_scans
         self.compute_saved_once = compute_saved_once
+        self.xla_facts = xla_facts
         self._cache: dict[_Signature, tuple[Plan, Callable[..., Any]]] = {}
         functools.update_wrapper(self, fn)
 
@@ -159,8 +148,14 @@ class OptimizedFunction:
         traced = trace(self.fn, args, kwargs, argnums, self.unroll_scans)
         # fn as written, loops whole: what a plain plan and the loop plans run.
         whole = trace(self.fn, args, kwargs, argnums) if traced.unrolled_scans else traced
-        graph = model_graph(traced, self.cost_model)
         nums = argnums if len(argnums) > 1 else argnums[0]
+        graph = build_graph(traced, self.cost_model)
+        # XLA's account of the program, for what no rule of the model knows.
+        compiled = (read_plain(self.fn, traced, args, kwargs, nums, self.has_aux)
+                    if self.xla_facts and unknown_primitives(graph) else None)
+        if not self.xla_facts:
+            check_known(graph)
+        graph = with_memory_facts(graph, compiled)
 
         def measure(f: Callable[..., Any]) -> int:
             return peak_bytes(f, *args, argnums=nums, has_aux=self.has_aux, **kwargs)
@@ -170,7 +165,9 @@ class OptimizedFunction:
         # The model is calibrated on the flat program as written; with scans
         # unrolled, that is another program than fn (no loop, fused across
         # iterations), and usually a lower peak.
-        flat_peak = measure(self._program(graph, Schedule(plain=True))) if traced.unrolled_scans else plain_peak
+        flat_peak = plain_peak
+        if traced.unrolled_scans:  # the flat program as written, which ``compiled`` is when read
+            flat_peak = compiled.peak_bytes if compiled else measure(self._program(graph, Schedule(plain=True)))
         graph = calibrate(graph, flat_peak)
         whole_graph = calibrate(model_graph(whole, self.cost_model), plain_peak) if traced.unrolled_scans else graph
         budget = self.budget_bytes
@@ -427,6 +424,7 @@ def optimize(
     has_aux: bool = False,
     unroll_scans: int = 64,
     compute_saved_once: bool = True,
+    xla_facts: bool = True,
 ) -> OptimizedFunction:
     """Places gradient checkpoints in ``fn`` so its gradient step fits ``budget_bytes``.
 
@@ -456,6 +454,11 @@ def optimize(
             gradients. Measured on the zoo GPT's and U-Net's plans, 0-11%
             lower peaks (jax 0.10.2, XLA:CPU). ``False`` leaves XLA to
             duplicate them as it likes.
+        xla_facts: where the program uses primitives no rule of the memory
+            model names, compile it once more with XLA's dump on and take
+            what XLA did with their values (:mod:`remat_opt.memory._compiled`).
+            ``False`` guesses instead (as materialized) and warns
+            (:class:`UnknownPrimitiveWarning`).
 
     Returns:
         An :class:`OptimizedFunction` with ``fn``'s signature and values.
@@ -487,7 +490,8 @@ def optimize(
         raise TypeError(f"has_aux must be a bool; got {has_aux!r}.")
     if isinstance(unroll_scans, bool) or not isinstance(unroll_scans, int) or unroll_scans < 0:
         raise ValueError(f"unroll_scans must be a non-negative int (0 keeps scans whole); got {unroll_scans!r}.")
-    if not isinstance(compute_saved_once, bool):
-        raise TypeError(f"compute_saved_once must be a bool; got {compute_saved_once!r}.")
+    for flag, value in (("compute_saved_once", compute_saved_once), ("xla_facts", xla_facts)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{flag} must be a bool; got {value!r}.")
     return OptimizedFunction(fn, budget, argnums, solver_options or SolverOptions(), max_attempts, cost_model,
-                             has_aux, unroll_scans, compute_saved_once)
+                             has_aux, unroll_scans, compute_saved_once, xla_facts)

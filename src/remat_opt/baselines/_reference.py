@@ -17,8 +17,8 @@ import networkx as nx
 
 from .._budget import parse_bytes
 from ..program._cost import CostModel
-from ..memory._facts import model_graph
-from ..program._graph import ProgramGraph
+from ..memory._facts import check_known, read_plain, unknown_primitives, with_memory_facts
+from ..program._graph import ProgramGraph, build_graph
 from ..memory._measure import abstract, gradient_flops, peak_bytes
 from ..memory._simulate import calibrate, simulate
 from .._optimize import annotate, apply_schedule
@@ -57,6 +57,7 @@ def reference(
     argnums: int | Sequence[int],
     budget_bytes: int | str,
     cost_model: CostModel | None,
+    xla_facts: bool = True,
 ) -> Reference:
     if not callable(fn):
         raise TypeError(f"fn must be callable; got {fn!r} ({type(fn).__name__}). Pass the loss function itself.")
@@ -65,7 +66,12 @@ def reference(
     nums_t = normalize_argnums(argnums, len(args))
     nums = nums_t if len(nums_t) > 1 else nums_t[0]
     plain_peak = peak_bytes(fn, *args, argnums=nums, **kwargs)
-    graph = calibrate(model_graph(trace(fn, args, kwargs, nums_t), cost_model), plain_peak)
+    traced = trace(fn, args, kwargs, nums_t)
+    graph = build_graph(traced, cost_model)
+    compiled = read_plain(fn, traced, args, kwargs, nums) if xla_facts and unknown_primitives(graph) else None
+    if not xla_facts:
+        check_known(graph)
+    graph = calibrate(with_memory_facts(graph, compiled), plain_peak)
     return Reference(
         fn=fn,
         args=args,

@@ -41,6 +41,29 @@ REDUCTIONS = frozenset({"reduce_sum", "reduce_max", "reduce_min", "reduce_prod",
                         "reduce_or"})
 
 
+class UnknownPrimitiveWarning(UserWarning):
+    """The program uses primitives no rule of the memory model names, and XLA's
+    account of it was not read: the model guesses which of their values get a
+    buffer (as if they were expensive), so plans may recompute more than
+    needed. ``optimize`` reads XLA's account by default."""
+
+    def __init__(self, primitives: tuple[str, ...]):
+        super().__init__(
+            f"remat_opt's memory model has no rule for the primitive(s) {', '.join(primitives)}; "
+            "it treats their values as materialized. Plans stay verified on XLA, but may recompute "
+            "more than needed. Let optimize read XLA's compiled program (xla_facts=True, the default)."
+        )
+        self.primitives = primitives
+
+
+def known_primitives() -> frozenset[str]:
+    """Every primitive some rule of the model (or of the cost model) names."""
+    from ..program._cost import ELEMENTWISE_PRIMITIVES, FREE_PRIMITIVES, REDUCTION_PRIMITIVES, known_calls
+    from ..program._graph import ALIASING_PRIMITIVES
+    return (CHEAP_FUSIBLE_PRIMITIVES | MATERIALIZING_CONSUMERS | REDUCTIONS | ALIASING_PRIMITIVES
+            | ELEMENTWISE_PRIMITIVES | FREE_PRIMITIVES | REDUCTION_PRIMITIVES | known_calls())
+
+
 def read_by_backward(graph: ProgramGraph, node: int) -> bool:
     """Whether the backward reads the value: a residual, or a held source."""
     return graph.residual[node] or bool(graph.held and graph.held[node])

@@ -107,6 +107,12 @@ _CALL_PARAMS: dict[str, tuple[str, ...]] = {
 }
 
 
+def known_calls() -> frozenset[str]:
+    """Primitives priced by a rule of their own (calls, loops, dots, convolutions, windows, scatters)."""
+    return frozenset(_CALL_PARAMS) | _WINDOW_PRIMITIVES | _SCATTER_COMBINE_PRIMITIVES | frozenset(
+        {"dot_general", "conv_general_dilated", "cond", "scan", "while"})
+
+
 def _as_jaxpr(value: object) -> Jaxpr | None:
     if isinstance(value, ClosedJaxpr):
         return value.jaxpr

@@ -35,6 +35,7 @@ equation in.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -390,3 +391,16 @@ def check_plannable(closed: core.ClosedJaxpr, differentiable: Sequence[bool]) ->
         )
     tangent = _tangents(jaxpr, list(differentiable), [True] * len(jaxpr.outvars))
     return frozenset(v for v, t in tangent.items() if t)
+
+
+def with_signature(
+    fn: Callable[..., Any], traced: TracedProgram, program: Callable[..., list[Any]]
+) -> Callable[..., Any]:
+    """A flat program of ``traced`` as a function with ``fn``'s signature and outputs."""
+
+    @functools.wraps(fn)
+    def rewritten(*args: Any, **kwargs: Any) -> Any:
+        flat, _ = split((args, kwargs))  # static leaves were closed over when tracing
+        return jax.tree_util.tree_unflatten(traced.out_tree, program(*flat))
+
+    return rewritten
