@@ -11,7 +11,7 @@ rewriter). It then sets a budget below the lowest peak any JAX policy reaches
 Prints a markdown table and writes a CSV stamped with the jax version and the
 machine. Recompute overhead is counted on each program's jaxpr (forward,
 recomputation and backward, minus the plain gradient's): it is what the
-program asks for, before XLA's CSE (FINDINGS §4), so for unfenced
+program asks for, before XLA's CSE (docs/xla_findings.md §4), so for unfenced
 ``jax.checkpoint`` it can show recomputation that XLA then removes.
 
 Usage:

@@ -147,7 +147,7 @@ def test_predictions(graph, plans):
             assert abs(error) <= REVOLVE_FIDELITY, str(plan)
         else:
             assert -CHEN_UNDER_PREDICTION <= error <= CHEN_OVER_PREDICTION, str(plan)
-        # Segmenting is what lowers memory on XLA:CPU (FINDINGS §1, §2).
+        # Segmenting is what lowers memory on XLA:CPU (docs/xla_findings.md §1, §2).
         assert plan.measured_peak_bytes < no_remat.measured_peak_bytes
 
 

@@ -20,7 +20,7 @@ def max_abs_diff(a, b):
 # Predicted against measured peak (jax 0.10.2, XLA:CPU), at 0.85, 0.7 and 0.6
 # of the plain peak: +5.2%, +0.8%, +3.5% before saved names were laid over
 # gradient slots, -1.2%, -1.9%, +1.3% after (it was 0.15 before the model
-# credited rematerialized buffers in slots; README, "Fidelity").
+# credited rematerialized buffers in slots; docs/measurements.md, "Fidelity").
 FIDELITY = 0.05
 FAST = remat_opt.SolverOptions(time_limit_s=120.0, deterministic_time_limit=3.0, num_workers=2)
 

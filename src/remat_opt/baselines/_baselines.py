@@ -18,7 +18,7 @@ in one table:
   as nested fenced checkpoints.
 
 The JAX-policy baselines use plain ``jax.checkpoint`` exactly as a user would
-write it: on XLA:CPU it is often undone by CSE and scheduling (FINDINGS §1),
+write it: on XLA:CPU it is often undone by CSE and scheduling (docs/xla_findings.md §1),
 and showing that is part of the point. Their plans carry no model prediction
 (``predicted_peak_bytes`` and ``schedule`` are ``None``); their
 ``recompute_flops`` is the measured figure.

@@ -4,9 +4,9 @@ One definition of "peak" is used everywhere — in the budget, the plan, the
 tests and the benchmarks: the bytes XLA allocates for
 ``jax.jit(jax.value_and_grad(fn, argnums))`` on these arguments, that is
 argument + output + temp − alias from ``compiled.memory_analysis()``.
-(``peak_memory_in_bytes`` on CPU reports arguments and outputs only; FINDINGS §1.)
+(``peak_memory_in_bytes`` on CPU reports arguments and outputs only; docs/xla_findings.md §1.)
 FLOPs are counted on the jaxpr, because XLA's ``cost_analysis`` counts after
-CSE and hides or shows recomputation depending on its passes (FINDINGS §4).
+CSE and hides or shows recomputation depending on its passes (docs/xla_findings.md §4).
 
 Arguments with static leaves (an Equinox module's activation functions; see
 :mod:`remat_opt.program._static`) are measured the way ``eqx.filter_value_and_grad``

@@ -6,7 +6,7 @@ rewritten program stores, recomputes and holds at its peak, trusting nothing
 the solver said. The CP-SAT model in :mod:`remat_opt.solve._encoding` encodes exactly
 these rules; tests hold the two equal on every plan and equal to brute force.
 
-Execution model (the one the rewriter enforces, FINDINGS §2): the forward runs
+Execution model (the one the rewriter enforces, docs/xla_findings.md §2): the forward runs
 the whole program; each segment's backward then runs, last segment first,
 fenced so that it starts only once its cotangent exists. Inside a segment's
 backward every recomputed residual is materialized at once, then transposed

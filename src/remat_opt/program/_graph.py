@@ -1,7 +1,7 @@
 """Stage 2 — graph: the program as JAX will differentiate it.
 
 Which values a backward step needs is decided by JAX's JVP rules, not by a
-hand table (FINDINGS §3: the JVP of ``tanh`` uses its raw output, the JVP of
+hand table (docs/xla_findings.md §3: the JVP of ``tanh`` uses its raw output, the JVP of
 ``exp`` its result, a ``dot`` its operands). So the graph is read off JAX
 itself: the flat program is evaluated with every value named
 (:mod:`remat_opt.program._names`), linearized with :func:`jax.jvp`, and split by

@@ -10,7 +10,7 @@ measurement:
 
 * ``policy``: the scan body under ``jax.checkpoint`` with one of JAX's
   built-in policies (``None``: the body as written). XLA honours remat inside a
-  loop body: the recomputation lives in the backward loop (FINDINGS §2).
+  loop body: the recomputation lives in the backward loop (docs/xla_findings.md §2).
 * ``chunks``: the iterations nested in ``chunks`` groups, each group an inner
   scan checkpointed whole, so the forward stores one carry per group and the
   backward recomputes one group at a time (Chen's sqrt(n) on a loop).

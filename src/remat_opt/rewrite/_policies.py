@@ -3,7 +3,7 @@
 Around the whole function (:func:`policy_program`) or around each layer
 through the zoo's ``layer_wrapper`` convention (:func:`layer_policy_program`).
 Plain ``jax.checkpoint``, unfenced: on XLA:CPU it is often undone by CSE and
-scheduling (FINDINGS §1), which is what the baselines show.
+scheduling (docs/xla_findings.md §1), which is what the baselines show.
 """
 
 from __future__ import annotations

@@ -10,10 +10,10 @@ A nested segment's function is its own level of such segments, so its
 backward reruns it under the inner schedule: checkpoints within a checkpoint.
 
 Why the fence: on XLA:CPU a bare ``jax.checkpoint`` is undone — CSE merges the
-recomputation into the forward and the scheduler hoists it (FINDINGS §1, jax
+recomputation into the forward and the scheduler hoists it (docs/xla_findings.md §1, jax
 #19822). A computation inside a conditional whose predicate XLA cannot fold
 cannot start before that predicate exists, so the recomputation stays in the
-backward pass where the plan put it (FINDINGS §2). Both branches compute the
+backward pass where the plan put it (docs/xla_findings.md §2). Both branches compute the
 same, exact gradient, so correctness never depends on the predicate's value.
 
 By default (``compute_saved_once``), in a plan that saves names, the stored
