@@ -212,6 +212,10 @@ class OptimizedFunction:
     RETRY_MARGIN = 100
     """A re-solve's target is under the last one by the overshoot plus 1/RETRY_MARGIN of the budget."""
 
+    RELAX_SLACK = 0.02
+    """A plan XLA fits with more than this share of the budget unused is re-solved
+    under a looser target (see :meth:`_solve_schedule`)."""
+
     MEASURED_CANDIDATES = 3
     """Schedules outside CP-SAT's search measured on XLA, at most, per tier and plan."""
 
@@ -308,13 +312,27 @@ class OptimizedFunction:
     def _solve_schedule(self, graph: ProgramGraph, budget: int, args: tuple, kwargs: dict, nums: Any,
                         measure: Callable[[Callable[..., Any]], int], baseline_flops: int,
                         plain_peak: int, ceiling_flops: int | None = None) -> tuple[Plan, Callable[..., Any]] | None:
-        """CP-SAT's schedule on ``graph``, tightened until XLA confirms the budget.
+        """CP-SAT's schedule on ``graph``, its target steered by what XLA measures.
+
+        Every plan is measured; XLA's figure against the model's is the
+        model's error on this program, fed back into the next target. A plan
+        over the budget tightens the target by its overshoot (and a margin).
+        A plan that fits with more than :attr:`RELAX_SLACK` of the budget to
+        spare, and recomputes something, loosens it by what it left unused
+        (but not to a target whose plan XLA put over): the model was
+        conservative there, and a cheaper plan may still fit. The plan XLA
+        fits with the fewest recomputed FLOPs wins; at most ``max_attempts``
+        solves.
 
         ``None`` when a plan of ``ceiling_flops`` already fits and the model
         counts that many or more for CP-SAT's schedule (a tightened target only
         costs more) or for every lowest-memory schedule left to measure.
         """
         target, solve_seconds, bound, lowest, solves = budget, 0.0, 0.0, None, 0
+        best: tuple[Plan, Callable[..., Any]] | None = None
+        best_target, over_target = 0, None  # the fitting plan's target; the least target XLA put over
+        seen: set[Schedule] = set()
+        above_ceiling = False
         for attempt in range(1, self.max_attempts + 1):
             solves = attempt
             started = time.perf_counter()
@@ -327,16 +345,37 @@ class OptimizedFunction:
             solve_seconds += solution.solve_seconds
             bound = bound or solution.bound_flops
             if ceiling_flops is not None and solution.objective_flops >= ceiling_flops:
-                return None
+                above_ceiling = True
+                break
+            if solution.schedule in seen:
+                break  # the target moved, the plan did not
+            seen.add(solution.schedule)
             program = self._program(graph, solution.schedule)
             measured = measure(program)
             if measured <= budget:
                 sim = simulate(graph, solution.schedule)
-                return self._finish(graph, sim, solution.schedule, measured, plain_peak, program, args, kwargs,
+                plan = self._finish(graph, sim, solution.schedule, measured, plain_peak, program, args, kwargs,
                                     nums, baseline_flops, solution.status, solution.gap, solve_seconds, attempt)
+                if best is None or plan[0].measured_recompute_flops < best[0].measured_recompute_flops:
+                    best, best_target = plan, target
+                spare = budget - measured
+                if solution.objective_flops == 0 or spare <= budget * self.RELAX_SLACK:
+                    break
+                target += spare
+                if over_target is not None:
+                    target = min(target, (best_target + over_target) // 2)
+                continue
+            over_target = target if over_target is None else min(over_target, target)
             # Tightened by the overshoot and a margin: a plan the model misjudges by a
             # percent or two would otherwise cost every attempt, each just over.
             target -= measured - budget + budget // self.RETRY_MARGIN
+            if best is not None:
+                target = max(target, (best_target + over_target) // 2)
+        if best is not None:
+            plan, program = best
+            return dataclasses.replace(plan, solve_seconds=solve_seconds, attempts=solves), program
+        if above_ceiling:
+            return None
         # XLA kept measuring the model's plans over budget, or the model found
         # none under the tightened target: one of the lowest-memory schedules
         # may still fit (the model ranks them within a few percent of each
