@@ -1,5 +1,7 @@
 """The whole pipeline, judged by XLA and by plain jax.grad."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -165,3 +167,25 @@ def test_calibration_fits_the_plain_peak(small_gpt):
     assert calibrated.plain_storage_scale != 1.0  # the model alone is off on this GPT
     predicted = simulate(calibrated, Schedule(plain=True)).peak_bytes
     assert abs(predicted - plain) <= 0.005 * plain
+
+
+def test_measured_slack_loosens_the_target(small_mlp, monkeypatch):
+    # A model that over-counts what code run as written keeps (its calibrated
+    # storage scaled by 1.3) leaves budget unused on XLA; fed back, the unused
+    # bytes loosen the target, and the plan that wins recomputes no more than
+    # the first one that fit, still within the budget.
+    import remat_opt._optimize as optimize_module
+
+    fn, params, x = small_mlp
+    plain = peak_bytes(fn, params, x)
+    inflate = lambda graph, peak: dataclasses.replace(calibrate(graph, peak), plain_storage_scale=1.3)  # noqa: E731
+    monkeypatch.setattr(optimize_module, "calibrate", inflate)
+    plans = {}
+    for slack in (1.0, remat_opt.OptimizedFunction.RELAX_SLACK):
+        monkeypatch.setattr(remat_opt.OptimizedFunction, "RELAX_SLACK", slack)
+        plans[slack] = remat_opt.optimize(fn, int(0.9 * plain), solver_options=FAST).plan(params, x)
+    first, steered = plans[1.0], plans[remat_opt.OptimizedFunction.RELAX_SLACK]
+    assert first.attempts == 1 and first.measured_peak_bytes < 0.98 * first.budget_bytes
+    assert steered.attempts > 1
+    assert steered.measured_peak_bytes <= steered.budget_bytes
+    assert steered.measured_recompute_flops < first.measured_recompute_flops
