@@ -171,9 +171,9 @@ def test_calibration_fits_the_plain_peak(small_gpt):
 
 def test_measured_slack_loosens_the_target(small_mlp, monkeypatch):
     # A model that over-counts what code run as written keeps (its calibrated
-    # storage scaled by 1.3) leaves budget unused on XLA; fed back, the unused
-    # bytes loosen the target, and the plan that wins recomputes no more than
-    # the first one that fit, still within the budget.
+    # storage scaled by 1.3) over-predicts the first plan; fed back, the error
+    # loosens the target, and the plan that wins recomputes less than the
+    # first one that fit, still within the budget.
     import remat_opt._optimize as optimize_module
 
     fn, params, x = small_mlp

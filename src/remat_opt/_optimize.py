@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ from typing import Any
 import jax
 import networkx as nx
 
-from ._budget import parse_bytes
+from ._budget import format_bytes, parse_bytes
 from .solve._chen import chen_schedules
 from .program._cost import CostModel
 from ._errors import InfeasibleBudgetError
@@ -67,6 +68,11 @@ def apply_schedule(
     if schedule.plain and not graph.traced.unrolled_scans:
         return fn
     return with_signature(fn, graph.traced, rewrite(graph, schedule, compute_saved_once=compute_saved_once))
+
+
+logger = logging.getLogger("remat_opt")
+"""Progress of a plan (stages, solves, measurements) at INFO level; silent unless configured,
+e.g. ``logging.basicConfig(level=logging.INFO)``."""
 
 
 def annotate(graph: ProgramGraph, sim: Simulation) -> nx.DiGraph:
@@ -162,6 +168,8 @@ class OptimizedFunction:
 
         baseline_flops = gradient_flops(self.fn, args, kwargs, nums, self.cost_model, self.has_aux)
         plain_peak = measure(self.fn)
+        logger.info("%s: %d equations, plain peak %s on XLA, budget %s", getattr(self.fn, "__name__", "fn"),
+                    len(traced.jaxpr.jaxpr.eqns), format_bytes(plain_peak), format_bytes(self.budget_bytes))
         # The model is calibrated on the flat program as written; with scans
         # unrolled, that is another program than fn (no loop, fused across
         # iterations), and usually a lower peak.
@@ -213,8 +221,8 @@ class OptimizedFunction:
     """A re-solve's target is under the last one by the overshoot plus 1/RETRY_MARGIN of the budget."""
 
     RELAX_SLACK = 0.02
-    """A plan XLA fits with more than this share of the budget unused is re-solved
-    under a looser target (see :meth:`_solve_schedule`)."""
+    """A plan XLA fits and the model over-predicted by more than this share of the
+    budget is re-solved under a target loosened by the error (see :meth:`_solve_schedule`)."""
 
     MEASURED_CANDIDATES = 3
     """Schedules outside CP-SAT's search measured on XLA, at most, per tier and plan."""
@@ -254,9 +262,11 @@ class OptimizedFunction:
         measured_plans = []
         for tier in tiers:
             fitting = []
-            for schedule, sim in tier:
+            for k, (schedule, sim) in enumerate(tier, 1):
                 program = self._program(graph, schedule)
                 measured = measure(program)
+                logger.info("candidate %d/%d (%d-level schedule): measured %s, predicted %s", k, len(tier),
+                            schedule.depth(), format_bytes(measured), format_bytes(sim.peak_bytes))
                 status, gap = ("FEASIBLE", 1.0) if sim.recompute_flops else ("OPTIMAL", 0.0)
                 plan = self._finish(graph, sim, schedule, measured, plain_peak, program, args, kwargs, nums,
                                     baseline_flops, status, gap, seconds, len(measured_plans) + 1)
@@ -317,10 +327,12 @@ class OptimizedFunction:
         Every plan is measured; XLA's figure against the model's is the
         model's error on this program, fed back into the next target. A plan
         over the budget tightens the target by its overshoot (and a margin).
-        A plan that fits with more than :attr:`RELAX_SLACK` of the budget to
-        spare, and recomputes something, loosens it by what it left unused
-        (but not to a target whose plan XLA put over): the model was
-        conservative there, and a cheaper plan may still fit. The plan XLA
+        A plan that fits, recomputes something, and that the model predicted
+        above XLA's figure by more than :attr:`RELAX_SLACK` of the budget,
+        loosens it by that error (but not to a target whose plan XLA put
+        over): the model was conservative there, and a cheaper plan may
+        still fit. (Budget left unused by an exact prediction is not a
+        reason: the next plan up is then over.) The plan XLA
         fits with the fewest recomputed FLOPs wins; at most ``max_attempts``
         solves.
 
@@ -344,6 +356,9 @@ class OptimizedFunction:
                 break  # nothing under the target in the model: XLA may still take the lowest-memory schedule
             solve_seconds += solution.solve_seconds
             bound = bound or solution.bound_flops
+            logger.info("solve %d/%d: target %s, %s in %.1fs, %s FLOPs recomputed (bound %.0f)", attempt,
+                        self.max_attempts, format_bytes(target), solution.status, solution.solve_seconds,
+                        f"{solution.objective_flops:,}", solution.bound_flops)
             if ceiling_flops is not None and solution.objective_flops >= ceiling_flops:
                 above_ceiling = True
                 break
@@ -352,16 +367,18 @@ class OptimizedFunction:
             seen.add(solution.schedule)
             program = self._program(graph, solution.schedule)
             measured = measure(program)
+            logger.info("measured on XLA: %s against a budget of %s (predicted %s)", format_bytes(measured),
+                        format_bytes(budget), format_bytes(simulate(graph, solution.schedule).peak_bytes))
             if measured <= budget:
                 sim = simulate(graph, solution.schedule)
                 plan = self._finish(graph, sim, solution.schedule, measured, plain_peak, program, args, kwargs,
                                     nums, baseline_flops, solution.status, solution.gap, solve_seconds, attempt)
                 if best is None or plan[0].measured_recompute_flops < best[0].measured_recompute_flops:
                     best, best_target = plan, target
-                spare = budget - measured
-                if solution.objective_flops == 0 or spare <= budget * self.RELAX_SLACK:
+                over_predicted = sim.peak_bytes - measured  # the model's error on this program, here
+                if solution.objective_flops == 0 or over_predicted <= budget * self.RELAX_SLACK:
                     break
-                target += spare
+                target += over_predicted
                 if over_target is not None:
                     target = min(target, (best_target + over_target) // 2)
                 continue
