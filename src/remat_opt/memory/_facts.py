@@ -76,9 +76,9 @@ def _decided_by_xla(
             tuple(x if d else r for x, r, d in zip(xla_held, held, decided)))
 
 
-def held_nodes(graph: ProgramGraph, buffers: tuple[HeldBuffer, ...]) -> tuple[set[int], list[HeldBuffer]]:
-    """The nodes whose buffers XLA holds into the backward, and the buffers
-    matched to none (copies in another layout or precision).
+def held_nodes(graph: ProgramGraph, buffers: tuple[HeldBuffer, ...]) -> set[int]:
+    """The nodes whose buffers XLA holds into the backward. A buffer no node
+    stands for (a copy in another layout or precision) matches none.
 
     A buffer is matched to a node of its equation with its own buffer and the
     same size: the one whose primitive its ``op_name`` names (a primitive
@@ -91,16 +91,14 @@ def held_nodes(graph: ProgramGraph, buffers: tuple[HeldBuffer, ...]) -> tuple[se
         if graph.buffer[v] == v:
             at.setdefault(graph.position_of(v), []).append(v)
     taken: set[int] = set()
-    unmatched = []
     for b in buffers:
         fits = [v for v in at.get(b.eqn, ()) if v not in taken and graph.node_bytes[v] == b.bytes]
         if not fits:
-            unmatched.append(b)
             continue
         fits.sort(key=lambda v: (not _names_alike(graph.units[graph.node_unit[v]].primitive, b.primitive),
                                  graph.node_unit[v] not in graph.primal, not graph.residual[v], v))
         taken.add(fits[0])
-    return taken, unmatched
+    return taken
 
 
 def _names_alike(primitive: str, op_name_primitive: str) -> bool:
@@ -114,7 +112,7 @@ def xla_fused_and_held(
     decided them: a residual whose buffer XLA does not hold is fused into its
     backward readers; a value that is no residual but whose buffer XLA holds
     is a source that fused residuals are recomputed from."""
-    held_by_xla, _ = held_nodes(graph, buffers)
+    held_by_xla = held_nodes(graph, buffers)
     kept = [graph.buffer[v] >= 0 and graph.buffer[v] in held_by_xla for v in range(graph.num_nodes)]
     fused = tuple(graph.residual[v] and graph.buffer[v] >= 0 and not kept[v] for v in range(graph.num_nodes))
     held = tuple(kept[v] and graph.buffer[v] == v and not graph.residual[v] for v in range(graph.num_nodes))
