@@ -2,10 +2,12 @@
 
 import dataclasses
 import itertools
+import logging
 
 import jax.numpy as jnp
 import pytest
 
+from remat_opt.baselines._reference import reference
 from remat_opt import InfeasibleBudgetError, Schedule
 from remat_opt.memory import _simulate
 from remat_opt.solve._encoding import cut_candidates, save_candidates
@@ -255,3 +257,18 @@ def test_schedules_that_save_names_free_a_slot_from_the_next_segment():
     assert max(credit(s) for s in named) > 0 and min(credit(s) for s in named) == 0
     assert all(simulate(without, s, planning=True).peak_bytes == simulate(graph, s, planning=True).peak_bytes
                for s in named)  # the planning model credits none
+
+
+def test_a_search_the_wall_clock_stops_is_reported(small_gpt, caplog):
+    # The deterministic limit makes a time-out repeatable; when the wall-clock
+    # cap stops CP-SAT first, the plan may change from run to run: the log says so.
+    loss, params, batch = small_gpt
+    ref = reference(loss, (params, batch), {}, 0, 1 << 40, None)
+    budget = int(0.6 * ref.plain_peak_bytes)
+    with caplog.at_level(logging.WARNING, logger="remat_opt"):
+        solve(ref.graph, budget, SolverOptions(deterministic_time_limit=0.05))
+    assert "wall-clock" not in caplog.text
+    with caplog.at_level(logging.WARNING, logger="remat_opt"):
+        solution = solve(ref.graph, budget, SolverOptions(time_limit_s=0.05, deterministic_time_limit=60.0))
+    assert solution.status != "OPTIMAL"
+    assert "wall-clock cap" in caplog.text

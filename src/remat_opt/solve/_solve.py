@@ -15,6 +15,7 @@ References:
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, replace
 
@@ -85,6 +86,25 @@ def _solver(options: SolverOptions) -> cp_model.CpSolver:
     return solver
 
 
+logger = logging.getLogger("remat_opt")
+
+
+def _run(solver: cp_model.CpSolver, model: cp_model.CpModel, options: SolverOptions) -> int:
+    """Solves ``model``, reporting a search the wall clock stopped.
+
+    The deterministic limit makes a time-out repeatable; the wall-clock cap is
+    a safety net. When the cap stops a search first (a loaded machine), the
+    plan may differ from run to run, and the log says so.
+    """
+    status = solver.Solve(model)
+    if (status not in (cp_model.OPTIMAL, cp_model.INFEASIBLE) and solver.wall_time >= options.time_limit_s
+            and solver.deterministic_time < options.deterministic_time_limit):
+        logger.warning("CP-SAT stopped on its wall-clock cap (%.0f s) after %.1f of %.1f deterministic seconds: "
+                       "this plan may differ from run to run. Raise SolverOptions.time_limit_s.",
+                       options.time_limit_s, solver.deterministic_time, options.deterministic_time_limit)
+    return status
+
+
 def _chen_starts(graph: ProgramGraph) -> list[Schedule]:
     """Chen's segmentations, distinct, by predicted peak (ties: by cut positions)."""
     return sorted(chen_schedules(graph), key=lambda s: (simulate(graph, s).peak_bytes, sorted(s.cuts)))
@@ -107,7 +127,7 @@ def min_peak_schedule(graph: ProgramGraph, options: SolverOptions = SolverOption
     m.Minimize(peak)
     _hint(enc, best_start)
     solver = _solver(options)
-    status = solver.Solve(m)
+    status = _run(solver, m, options)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return best_start
     found = enc.schedule(solver)
@@ -160,7 +180,7 @@ def solve(graph: ProgramGraph, budget_bytes: int, options: SolverOptions = Solve
     if incumbent is not None:
         _hint(enc, incumbent)
     solver = _solver(options)
-    status = solver.Solve(enc.model)
+    status = _run(solver, enc.model, options)
     found = enc.schedule(solver) if status in (cp_model.OPTIMAL, cp_model.FEASIBLE) else None
     if found is None and incumbent is None:
         lowest = min_peak_schedule(graph, options)
@@ -216,7 +236,7 @@ def _saves_within_cuts(graph: ProgramGraph, budget_bytes: int, start: Schedule, 
     enc = _budget_model(graph, budget_bytes, tuple(sorted(start.cuts)))
     _hint(enc, start)
     solver = _solver(options)
-    if solver.Solve(enc.model) not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+    if _run(solver, enc.model, options) not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return start
     found = enc.schedule(solver)
     return min((start, found), key=lambda s: simulate(graph, s).recompute_flops)
