@@ -18,7 +18,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax._src import core
+from jax._src import core, source_info_util
 from jax.ad_checkpoint import checkpoint_name
 
 from ._trace import eval_eqn, read_atom
@@ -69,11 +69,14 @@ def eval_named(
         invals = [read_atom(env, v) for v in eqn.invars]
         with jax.named_scope(f"{_SCOPE}{i}"):
             outs = evaluate(eqn, invals)
-            outs = [
-                checkpoint_name(o if wrap is None else wrap(i, k, o), value_name(i, k))
-                if is_nameable(v.aval) else o
-                for k, (v, o) in enumerate(zip(eqn.outvars, outs))
-            ]
+            # Each name points at the user's line of the value it names, not at this one.
+            with source_info_util.user_context(eqn.source_info.traceback,
+                                               name_stack=source_info_util.current_name_stack()):
+                outs = [
+                    checkpoint_name(o if wrap is None else wrap(i, k, o), value_name(i, k))
+                    if is_nameable(v.aval) else o
+                    for k, (v, o) in enumerate(zip(eqn.outvars, outs))
+                ]
         env.update(zip(eqn.outvars, outs))
 
 
