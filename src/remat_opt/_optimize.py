@@ -466,6 +466,7 @@ class OptimizedFunction:
             schedule=schedule,
             jax_version=jax.__version__,
             computed_once=len(once_values(graph, schedule)) if self.compute_saved_once else 0,
+            segment_peaks=sim.segment_peaks,
         )
 
 

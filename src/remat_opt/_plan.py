@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
+from typing import Any
 
 import networkx as nx
 
+from . import _report
 from ._budget import format_bytes
-from .rewrite._loops import LoopPlan
 from ._schedule import Schedule
+from .rewrite._loops import LoopPlan
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,9 @@ class Plan:
             ``schedule`` on the program as traced (scans unrolled).
         computed_once: stored values the rewritten program has XLA compute
             once (``optimize(..., compute_saved_once=True)``, the default; :mod:`remat_opt.memory._once`).
+        segment_peaks: the model's peak during each segment's backward, in
+            segment order (the backward runs them last to first); empty for
+            a strategy the model does not describe.
     """
 
     graph: nx.DiGraph = field(repr=False, compare=False)
@@ -79,6 +85,7 @@ class Plan:
     jax_version: str = ""
     loop_plan: LoopPlan | None = None
     computed_once: int = 0
+    segment_peaks: tuple[int, ...] = ()
 
     @property
     def num_segments(self) -> int | None:
@@ -96,6 +103,22 @@ class Plan:
     def fits(self) -> bool | None:
         """Whether XLA's measured peak is within the budget."""
         return None if self.measured_peak_bytes is None else self.measured_peak_bytes <= self.budget_bytes
+
+    def report(self) -> str:
+        """A table per segment: the values saved and recomputed, their bytes and
+        FLOPs, grouped by the user's source line (:func:`remat_opt._report.report`)."""
+        return _report.report(self)
+
+    def to_dot(self, path: str | os.PathLike) -> None:
+        """Writes :attr:`graph` as Graphviz DOT, through networkx's pydot export
+        (needs ``pydot``: ``pip install remat_opt[plot]``); nodes are coloured by
+        decision and labelled with primitive, shape and source line."""
+        _report.to_dot(self, path)
+
+    def plot(self, path: str | os.PathLike | None = None) -> Any:
+        """The model's peak per segment against the budget and XLA's measured
+        peak, as a matplotlib ``Figure`` (needs matplotlib); saved to ``path`` when given."""
+        return _report.plot(self, path)
 
     def __str__(self) -> str:
         measured = "not measured" if self.measured_peak_bytes is None else format_bytes(self.measured_peak_bytes)
