@@ -27,6 +27,7 @@ import jax
 import networkx as nx
 
 from ._budget import format_bytes, parse_bytes
+from ._forward import forward_mode
 from .solve._chen import chen_schedules
 from .program._cost import CostModel
 from ._errors import InfeasibleBudgetError
@@ -136,6 +137,8 @@ class OptimizedFunction:
     """Lowest-memory schedules measured on XLA before a budget is declared out of reach."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if forward_mode(args, kwargs):  # custom_vjp segments have no JVP: fn as written (remat_opt._forward)
+            return self.fn(*args, **kwargs)
         _, program = self._planned(args, kwargs)
         return program(*args, **kwargs)
 
