@@ -22,8 +22,21 @@ jax.config.update("jax_compilation_cache_dir", _CACHE)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
 
 
+# Plans kept on disk (optimize(..., cache=True), the default) go to a folder of this run
+# too, never to the user's ~/.cache/remat_opt; each test gets its own subfolder, so a test
+# plans afresh and never loads a plan another test made (some monkeypatch the search).
+_PLANS = tempfile.mkdtemp(prefix="remat_opt_tests_plans_")
+os.environ["REMAT_OPT_CACHE_DIR"] = _PLANS
+
+
+@pytest.fixture(autouse=True)
+def _plan_cache_per_test(request, monkeypatch):
+    monkeypatch.setenv("REMAT_OPT_CACHE_DIR", tempfile.mkdtemp(prefix="test_", dir=_PLANS))
+
+
 def pytest_sessionfinish(session, exitstatus):
     shutil.rmtree(_CACHE, ignore_errors=True)
+    shutil.rmtree(_PLANS, ignore_errors=True)
 
 
 def tanh_mlp(params, x):

@@ -121,8 +121,8 @@ def test_infeasible_budget_names_a_feasible_one(small_mlp):
 def test_same_inputs_same_plan(small_mlp):
     fn, params, x = small_mlp
     budget = int(peak_bytes(fn, params, x) * 0.85)
-    a = remat_opt.optimize(fn, budget).plan(params, x)
-    b = remat_opt.optimize(fn, budget).plan(params, x)
+    a = remat_opt.optimize(fn, budget, cache=False).plan(params, x)
+    b = remat_opt.optimize(fn, budget, cache=False).plan(params, x)  # solved again, not loaded
     assert a.schedule == b.schedule and a.measured_peak_bytes == b.measured_peak_bytes
 
 

@@ -18,6 +18,7 @@ from .baselines._baselines import megatron_selective as megatron_selective
 from .baselines._baselines import no_remat as no_remat
 from .baselines._baselines import revolve as revolve
 from ._budget import format_bytes as format_bytes
+from ._cache import CacheWarning as CacheWarning
 from ._budget import parse_bytes as parse_bytes
 from .program._cost import CostModel as CostModel
 from .program._cost import FlopCostModel as FlopCostModel
@@ -37,6 +38,7 @@ from .solve._solve import SolverOptions as SolverOptions
 
 __all__ = [
     "POLICIES",
+    "CacheWarning",
     "CostModel",
     "FlopCostModel",
     "InfeasibleBudgetError",

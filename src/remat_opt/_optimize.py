@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -27,10 +28,13 @@ import jax
 import networkx as nx
 
 from ._budget import format_bytes, parse_bytes
+from ._cache import (CacheEntryError, cache_directory, entry_loop_plan, entry_path, entry_schedule, options_of,
+                     plan_entry, plan_from_entry, plan_key, plan_kind, read_entry, report, write_entry)
 from ._forward import forward_mode
 from .solve._chen import chen_schedules
 from .program._cost import CostModel
 from ._errors import InfeasibleBudgetError
+from .memory._fusion import known_primitives
 from .memory._facts import check_known, model_graph, read_plain, unknown_primitives, with_memory_facts
 from .program._graph import ProgramGraph, build_graph
 from .rewrite._loops import loop_candidates, loop_program, scan_lengths
@@ -119,6 +123,7 @@ class OptimizedFunction:
         unroll_scans: int = 0,
         compute_saved_once: bool = True,
         xla_facts: bool = True,
+        cache: bool | str | os.PathLike = False,
     ):
         self.fn = fn
         self.budget_bytes = budget_bytes
@@ -130,6 +135,7 @@ class OptimizedFunction:
         self.unroll_scans = unroll_scans
         self.compute_saved_once = compute_saved_once
         self.xla_facts = xla_facts
+        self.cache = cache
         self._cache: dict[_Signature, tuple[Plan, Callable[..., Any]]] = {}
         functools.update_wrapper(self, fn)
 
@@ -149,7 +155,7 @@ class OptimizedFunction:
     def _planned(self, args: tuple, kwargs: dict) -> tuple[Plan, Callable[..., Any]]:
         key = _signature(args, kwargs)
         if key not in self._cache:
-            self._cache[key] = self._make_plan(abstract(args), abstract(kwargs))
+            self._cache[key] = self._cached_plan(abstract(args), abstract(kwargs))
         return self._cache[key]
 
     def _make_plan(self, args: tuple, kwargs: dict) -> tuple[Plan, Callable[..., Any]]:
@@ -472,6 +478,66 @@ class OptimizedFunction:
             segment_peaks=sim.segment_peaks,
         )
 
+    # --- The persistent plan cache (remat_opt._cache): a plan made once, loaded after ---
+
+    def _cached_plan(self, args: tuple, kwargs: dict) -> tuple[Plan, Callable[..., Any]]:
+        """The plan of a trusted entry of the persistent cache, else
+        :meth:`_make_plan`'s, then kept there. Loading traces the function and
+        builds its graph, and rewrites it from the stored decisions: no solver
+        call, no compile. The plan keeps the figures measured when it was made."""
+        directory = cache_directory(self.cache)
+        if directory is None:
+            return self._make_plan(args, kwargs)
+        argnums = normalize_argnums(self.argnums, len(args))
+        whole = trace(self.fn, args, kwargs, argnums)
+        key = plan_key(whole, self.budget_bytes, options_of(self, argnums))
+        entry = read_entry(directory, key)
+        if entry is not None:
+            try:
+                return self._restored(entry, whole, args, kwargs, argnums)
+            except (LookupError, TypeError, ValueError) as err:  # an entry that does not rebuild is not trusted
+                report(entry_path(directory, key), f"does not rebuild ({type(err).__name__}: {err}); planning again.")
+        plan, program = self._make_plan(args, kwargs)
+        kind = plan_kind(plan)
+        # Not kept: a plan whose model took XLA's account of primitives no rule
+        # knows (a compile the entry does not carry; a graph rebuilt without it
+        # could rewrite another program than the one measured).
+        unknown = {p for _, p in plan.graph.nodes(data="primitive")} - known_primitives() - {"input"}
+        if kind is not None and not (kind != "loop" and self.xla_facts and unknown):
+            write_entry(directory, key, plan_entry(plan, kind, _qualified_name(self.fn)))
+        return plan, program
+
+    def _restored(self, entry: dict, whole: TracedProgram, args: tuple, kwargs: dict,
+                  argnums: tuple[int, ...]) -> tuple[Plan, Callable[..., Any]]:
+        """The plan and program of a cache entry, rebuilt as :meth:`_make_plan`
+        built them, checked against the entry's own figures."""
+        kind, schedule = entry["kind"], entry_schedule(entry)
+        if kind == "loop":
+            program = with_signature(self.fn, whole, loop_program(whole, entry_loop_plan(entry)))
+            graph = model_graph(trace(program, args, kwargs, argnums), self.cost_model)
+        elif kind == "plain":
+            program, graph = self.fn, model_graph(whole, self.cost_model)
+        else:
+            scans = self.unroll_scans and any(e.primitive.name == "scan" for e in whole.jaxpr.jaxpr.eqns)
+            graph = model_graph(trace(self.fn, args, kwargs, argnums, self.unroll_scans) if scans else whole,
+                                self.cost_model)
+            if (any(not 0 <= c <= graph.num_positions for c in schedule.all_cuts())
+                    or any(not 0 <= v < graph.num_nodes for v in schedule.saved)):
+                raise CacheEntryError("holds a schedule outside the program traced now")
+            program = self._program(graph, schedule)
+        sim = simulate(graph, schedule)
+        plan = plan_from_entry(entry, annotate(graph, sim))
+        once = len(once_values(graph, schedule)) if self.compute_saved_once else 0
+        if kind == "schedule" and (sim.recompute_flops, once) != (plan.recompute_flops, plan.computed_once):
+            raise CacheEntryError(f"counts {plan.recompute_flops:,} FLOPs recomputed and {plan.computed_once} "
+                                  f"values computed once; the program rebuilt from it {sim.recompute_flops:,} "
+                                  f"and {once}")
+        return plan, program
+
+
+def _qualified_name(fn: Callable[..., Any]) -> str:
+    return f"{getattr(fn, '__module__', None) or '?'}.{getattr(fn, '__qualname__', type(fn).__name__)}"
+
 
 def optimize(
     fn: Callable[..., Any],
@@ -485,6 +551,7 @@ def optimize(
     unroll_scans: int = 64,
     compute_saved_once: bool = True,
     xla_facts: bool = True,
+    cache: bool | str | os.PathLike = True,
 ) -> OptimizedFunction:
     """Places gradient checkpoints in ``fn`` so its gradient step fits ``budget_bytes``.
 
@@ -519,6 +586,10 @@ def optimize(
             what XLA did with their values (:mod:`remat_opt.memory._compiled`).
             ``False`` guesses instead (as materialized) and warns
             (:class:`UnknownPrimitiveWarning`).
+        cache: keep plans on disk and load them in later processes
+            (:mod:`remat_opt._cache`): ``True`` for ``$REMAT_OPT_CACHE_DIR``, else
+            ``~/.cache/remat_opt``; a folder; or ``False`` to plan every process
+            anew. A loaded plan makes no solver call and compiles no candidate.
 
     Returns:
         An :class:`OptimizedFunction` with ``fn``'s signature and values.
@@ -553,5 +624,7 @@ def optimize(
     for flag, value in (("compute_saved_once", compute_saved_once), ("xla_facts", xla_facts)):
         if not isinstance(value, bool):
             raise TypeError(f"{flag} must be a bool; got {value!r}.")
+    if not isinstance(cache, (bool, str, os.PathLike)):
+        raise TypeError(f"cache must be True, False or a folder (str or os.PathLike); got {cache!r}.")
     return OptimizedFunction(fn, budget, argnums, solver_options or SolverOptions(), max_attempts, cost_model,
-                             has_aux, unroll_scans, compute_saved_once, xla_facts)
+                             has_aux, unroll_scans, compute_saved_once, xla_facts, cache)
