@@ -1,8 +1,8 @@
-"""``python -m remat_opt demo`` (also installed as ``remat-opt demo``)."""
+"""``python -m remat_opt`` (also installed as ``remat-opt``): see :mod:`remat_opt._cli`."""
 
 import sys
 
-from ._demo import main
+from ._cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

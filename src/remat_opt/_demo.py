@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import jax
@@ -49,16 +48,3 @@ def run(model: str = "gpt", fractions: tuple[float, ...] = (0.9, 0.75, 0.6, 0.5,
         print(f"{format_bytes(budget):>11} {format_bytes(row['predicted']):>11} {format_bytes(row['measured']):>11} "
               f"{format_bytes(plain):>11} {row['overhead']:>8.1%} {row['solve_s']:>8.1f}  {row['status']}")
     return rows
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="remat-opt", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="optimize an embedded model at several budgets")
-    demo.add_argument("--model", default="gpt", choices=sorted(MODELS))
-    demo.add_argument("--fractions", default="0.9,0.75,0.6,0.5,0.4",
-                      help="budgets as fractions of the plain peak, comma-separated")
-    args = parser.parse_args(argv)
-    fractions = tuple(float(f) for f in args.fractions.split(","))
-    rows = run(args.model, fractions)
-    return 0 if rows and all(r["measured"] <= r["budget"] for r in rows) else 1
