@@ -2,11 +2,13 @@
 
 import dataclasses
 import inspect
+import re
 import warnings
 
 import jax
 import jax.numpy as jnp
 import pytest
+from experiment_scripts import run_script
 
 import remat_opt
 from remat_opt import format_bytes, peak_bytes
@@ -99,3 +101,14 @@ def test_the_plot_draws_the_segments_against_budget_and_xla(plan, tmp_path):
     assert {plan.budget_bytes, plan.measured_peak_bytes, plan.plain_peak_bytes} <= levels
     with pytest.raises(ValueError, match="no per-segment prediction"):
         dataclasses.replace(plan, segment_peaks=()).plot()
+
+
+def test_the_plan_report_script(tmp_path):
+    # experiments/plan_report.py on the zoo MLP (the GPT takes minutes): report, plot, DOT, and a
+    # second process that loads the plan from the cache in a tenth of the first plan() or less.
+    png, dot = tmp_path / "plot.png", tmp_path / "plan.dot"
+    out = run_script("plan_report.py", "--model", "mlp", "--fraction", "0.9", "--out", str(png), "--dot", str(dot))
+    assert "segment 0: positions" in out and png.read_bytes()[:4] == b"\x89PNG" and dot.read_text().startswith(
+        "strict digraph")
+    first, second = map(float, re.search(r"plan\(\): ([\d.]+) s in this process; ([\d.]+) s in a second", out).groups())
+    assert second <= 0.1 * first, out.splitlines()[-1]

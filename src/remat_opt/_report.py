@@ -208,12 +208,12 @@ def plot(plan: Plan, path: str | os.PathLike | None = None) -> Any:
     except ModuleNotFoundError as err:
         raise ModuleNotFoundError("Plan.plot needs matplotlib: pip install 'remat_opt[plot]'.") from err
     mib = 2.0**20
-    fig = Figure(figsize=(max(6.0, 0.35 * len(plan.segment_peaks) + 3), 4.0), layout="constrained")
+    fig = Figure(figsize=(max(8.0, 0.35 * len(plan.segment_peaks) + 5), 4.0), layout="constrained")
     ax = fig.subplots()
     segments = range(len(plan.segment_peaks))
     ax.bar(segments, [p / mib for p in plan.segment_peaks], color="tab:blue", alpha=0.7,
            label="predicted peak in the segment's backward")
-    lines = [(plan.budget_bytes, "budget", "tab:red", "--"), (plan.measured_peak_bytes, "XLA's measured peak",
+    lines = [(plan.budget_bytes, "budget", "tab:red", "--"), (plan.measured_peak_bytes, "XLA's measured peak (step)",
              "black", "-"), (plan.plain_peak_bytes, "plain program (XLA)", "grey", ":")]
     for value, label, colour, style in lines:
         if value is not None:
@@ -222,7 +222,7 @@ def plot(plan: Plan, path: str | os.PathLike | None = None) -> Any:
     ax.set_ylabel("MiB")
     ax.set_xticks(list(segments))
     ax.set_title(f"{plan.strategy} {plan.status}: recompute +{plan.recompute_overhead:.1%}", fontsize=10)
-    ax.legend(fontsize=8, loc="lower left")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     if path is not None:
         fig.savefig(os.fspath(path), dpi=120)
     return fig
