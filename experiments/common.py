@@ -6,11 +6,15 @@ was measured on, and every script prints the one command that regenerates it.
 
 from __future__ import annotations
 
+import atexit
 import csv
+import os
 import platform
 import shlex
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -21,6 +25,13 @@ import numpy as np
 
 MiB = 2**20
 RESULTS = Path(__file__).resolve().parent / "results"
+
+# Experiments plan afresh: a plan loaded from the user's plan cache would time
+# nothing and could come from other options. One empty cache folder per run
+# (the test suite sets its own, which the scripts it starts keep).
+if "REMAT_OPT_CACHE_DIR" not in os.environ:
+    os.environ["REMAT_OPT_CACHE_DIR"] = tempfile.mkdtemp(prefix="remat_opt_experiment_cache_")
+    atexit.register(shutil.rmtree, os.environ["REMAT_OPT_CACHE_DIR"], True)
 
 
 def machine() -> str:
