@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import jax
 import jax.numpy as jnp
 from jax._src import core
+from jax.extend.core import ClosedJaxpr
 
 from ._errors import UnsupportedProgramError
 from ._trace import _CHECKPOINT_PRIMITIVES, _has_tangent, trace
@@ -55,7 +56,7 @@ def iteration_backward_bytes(eqn: core.JaxprEqn, tangent_in: list[bool]) -> int:
     from ._memory import simulate
     from ._schedule import Schedule
 
-    body: core.ClosedJaxpr = eqn.params["jaxpr"]
+    body: ClosedJaxpr = eqn.params["jaxpr"]
     avals = [v.aval for v in body.jaxpr.invars]
     n_consts, n_carry = eqn.params["num_consts"], eqn.params["num_carry"]
     # A carry whose initial value has no tangent gets one from the body when

@@ -43,6 +43,10 @@ import jax
 import numpy as np
 from jax._src import core, effects, source_info_util
 from jax._src.interpreters import ad
+# The public name on every jax: jax 0.12 merged ClosedJaxpr into Jaxpr (jax._src.core has no
+# ClosedJaxpr; jax.extend.core keeps it as an alias of Jaxpr, whose .jaxpr is itself and
+# whose .consts are the values of its constvars), so `.jaxpr`/`.consts` work on both.
+from jax.extend.core import ClosedJaxpr
 
 from ._errors import UnsupportedProgramError
 from ._static import combine, differentiated, split
@@ -73,7 +77,7 @@ class TracedProgram:
             where the user's has one.
     """
 
-    jaxpr: core.ClosedJaxpr
+    jaxpr: ClosedJaxpr
     in_tree: Any
     out_tree: Any
     differentiable: tuple[bool, ...]
@@ -109,7 +113,7 @@ class _Inliner:
             name = eqn.primitive.name
             if name in _CALL_PARAMS:
                 inner = eqn.params[_CALL_PARAMS[name]]
-                if isinstance(inner, core.ClosedJaxpr):
+                if isinstance(inner, ClosedJaxpr):
                     outs = self.eval(inner.jaxpr, inner.consts, *invals)
                 else:
                     outs = self.eval(inner, (), *invals)
@@ -131,7 +135,7 @@ class _Inliner:
         """
         p = eqn.params
         n_consts, n_carry, length = p["num_consts"], p["num_carry"], p["length"]
-        body: core.ClosedJaxpr = p["jaxpr"]
+        body: ClosedJaxpr = p["jaxpr"]
         consts, carry = invals[:n_consts], list(invals[n_consts : n_consts + n_carry])
         with source_info_util.user_context(eqn.source_info.traceback):
             slices = [
@@ -152,7 +156,7 @@ class _Inliner:
         return [*carry, *stacked]
 
 
-def flatten_jaxpr(closed: core.ClosedJaxpr, unroll_limit: int = 0) -> tuple[core.ClosedJaxpr, int]:
+def flatten_jaxpr(closed: ClosedJaxpr, unroll_limit: int = 0) -> tuple[ClosedJaxpr, int]:
     """Inlines call and checkpoint equations, recursively, keeping source info.
 
     Args:
@@ -257,7 +261,7 @@ def _has_tangent(aval: Any) -> bool:
 
 
 def _as_open(jaxpr: Any) -> core.Jaxpr:
-    return jaxpr.jaxpr if isinstance(jaxpr, core.ClosedJaxpr) else jaxpr
+    return jaxpr.jaxpr if isinstance(jaxpr, ClosedJaxpr) else jaxpr
 
 
 def _live_eqns(jaxpr: core.Jaxpr, live_out: Sequence[bool]) -> list[bool]:
@@ -362,7 +366,7 @@ def _effect_in_checkpoint(jaxpr: core.Jaxpr) -> core.JaxprEqn | None:
     return None
 
 
-def check_plannable(closed: core.ClosedJaxpr, differentiable: Sequence[bool]) -> frozenset[core.Var]:
+def check_plannable(closed: ClosedJaxpr, differentiable: Sequence[bool]) -> frozenset[core.Var]:
     """Raises if the later stages cannot turn the program into a correct checkpointed step.
 
     Args:
