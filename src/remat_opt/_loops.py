@@ -32,7 +32,7 @@ from jax._src import core
 from jax.extend.core import ClosedJaxpr
 
 from ._policies import POLICIES
-from ._trace import TracedProgram, eval_eqn, read_atom
+from ._trace import TracedProgram, eval_eqn, read_atom, scan_counts
 
 
 @dataclass(frozen=True)
@@ -96,7 +96,7 @@ def loop_candidates(lengths: Sequence[int]) -> list[LoopPlan]:
 
 def _planned_scan(eqn: core.JaxprEqn, invals: Sequence[Any], plan: LoopPlan) -> list[Any]:
     p = eqn.params
-    n_consts, n_carry, length, reverse = p["num_consts"], p["num_carry"], p["length"], p["reverse"]
+    (n_consts, n_carry), length, reverse = scan_counts(p), p["length"], p["reverse"]
     body_jaxpr: ClosedJaxpr = p["jaxpr"]
     consts = list(invals[:n_consts])
     carry, xs = tuple(invals[n_consts : n_consts + n_carry]), tuple(invals[n_consts + n_carry :])

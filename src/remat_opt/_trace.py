@@ -98,6 +98,20 @@ def read_atom(env: dict, atom: Any) -> Any:
     return atom.val if isinstance(atom, core.Literal) else env[atom]
 
 
+def scan_counts(params: dict) -> tuple[int, int]:
+    """``(num_consts, num_carry)`` of a ``scan`` equation's parameters.
+
+    A scan's operands (and its body's inputs) are its consts, then its carry,
+    then its scanned inputs; its outputs are the carry, then the stacked outputs.
+    jax 0.10 records the counts as ``num_consts``/``num_carry``; jax 0.12 records
+    the operand layout instead, as a flat tree ``ft_in`` of ``(consts, carry, xs)``.
+    """
+    if "num_consts" in params:
+        return params["num_consts"], params["num_carry"]
+    consts, carry, _ = params["ft_in"].unpack()
+    return len(consts), len(carry)
+
+
 class _Inliner:
     """Evaluates a jaxpr with calls, checkpoints and short scans inlined."""
 
@@ -134,7 +148,7 @@ class _Inliner:
         padding), and each per-iteration output is concatenated at the end.
         """
         p = eqn.params
-        n_consts, n_carry, length = p["num_consts"], p["num_carry"], p["length"]
+        (n_consts, n_carry), length = scan_counts(p), p["length"]
         body: ClosedJaxpr = p["jaxpr"]
         consts, carry = invals[:n_consts], list(invals[n_consts : n_consts + n_carry])
         with source_info_util.user_context(eqn.source_info.traceback):
@@ -321,7 +335,7 @@ def _tangents(jaxpr: core.Jaxpr, tangent_in: Sequence[bool], live_out: Sequence[
             if eqn_live and any(outs):
                 raise UnsupportedProgramError(name, _source(eqn), _WHILE_HINT)
         elif name == "scan":
-            n_consts, n_carry = eqn.params["num_consts"], eqn.params["num_carry"]
+            n_consts, n_carry = scan_counts(eqn.params)
             carry, ys = _loop_tangents(
                 _as_open(eqn.params["jaxpr"]),
                 t_in[:n_consts],
