@@ -26,6 +26,9 @@ CHEAP_FUSIBLE_PRIMITIVES = frozenset({
     "gt", "ge", "and", "or", "not", "xor", "clamp", "floor", "ceil", "round", "copy", "copy_p",
     "reshape", "squeeze", "expand_dims", "name", "stop_gradient", "transpose", "reduce_precision",
     "real", "imag", "conj", "is_finite", "nextafter",
+    # jax 0.12's 1 - x² (tanh's JVP uses it): lowered, on every backend, to (1 + x) * (1 - x),
+    # an add, a sub and a mul, which is all XLA sees of it.
+    "one_minus_square",
 })
 
 # Consumers that read their operands from memory (XLA:CPU never fuses a
