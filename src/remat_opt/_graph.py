@@ -31,7 +31,7 @@ from jax._src import core, source_info_util
 from jax._src.interpreters import partial_eval as pe
 
 from ._cost import CostModel, FlopCostModel
-from ._fusion import fused_and_held, reduced_residuals, transposed_layouts
+from ._fusion import fused_and_held, read_in_place, reduced_residuals, transposed_layouts
 from ._inner import with_inner_bytes
 from ._names import eqn_index_of, eval_program
 from ._precision import upcast_dtypes, upcasting_evaluator
@@ -300,6 +300,8 @@ def build_graph(traced: TracedProgram, cost_model: CostModel | None = None) -> P
     for v in residual_vars:
         if v in node_of:
             residual[node_of[v]] = True
+    for v in read_in_place(units, node_unit, residual, buffer, node_bytes):  # jax 0.12's 1 - tanh²
+        residual[v] = True
     # Primal outputs and gradients live for the whole step (XLA counts them as output bytes).
     out_bytes = sum(aval_bytes(v.aval) for v in closed.jaxpr.outvars) + sum(aval_bytes(a) for a in diff_avals)
     in_bytes = sum(aval_bytes(a) for a in in_avals)
