@@ -189,3 +189,25 @@ def test_measured_slack_loosens_the_target(small_mlp, monkeypatch):
     assert steered.attempts > 1
     assert steered.measured_peak_bytes <= steered.budget_bytes
     assert steered.measured_recompute_flops < first.measured_recompute_flops
+
+
+def test_gelu_backward_holds_tanh_and_fuses_what_is_derived_from_it():
+    """XLA holds a GELU's tanh output for its backward and recomputes the cheap
+    values JAX's JVP derives from it (1 - tanh², 0.5 (1 + tanh)) in the backward's
+    fusions. jax 0.10 lists tanh's output as a residual; jax 0.12 only lists
+    one_minus_square of it, which the model must still fuse (remat_opt.memory._fusion)."""
+    def mlp(ws, x):
+        return jnp.sum(jax.nn.gelu(x @ ws[0]) @ ws[1])
+
+    ws = [jax.ShapeDtypeStruct((64, 256), jnp.float32), jax.ShapeDtypeStruct((256, 64), jnp.float32)]
+    graph = model_graph(trace(mlp, (ws, jax.ShapeDtypeStruct((128, 64), jnp.float32)), {}, (0,)))
+    (tanh,) = [u for u in graph.units if u.primitive == "tanh"]
+    (t,) = tanh.outputs
+    assert graph.held[t] or (graph.residual[t] and not graph.fused[t])
+    # The residuals JAX derives from tanh's output in its own equation (same size, same position).
+    derived = [
+        v for v in range(graph.num_nodes)
+        if graph.residual[v] and v != t and graph.position_of(v) == tanh.position
+        and graph.node_bytes[v] == graph.node_bytes[t]
+    ]
+    assert derived and all(graph.fused[v] for v in derived)

@@ -22,7 +22,13 @@ from ..program._graph import ProgramGraph, build_graph
 from ..program._names import eval_program
 from ..program._trace import TracedProgram, with_signature
 from ._compiled import CompiledProgram, HeldBuffer, read_compiled
-from ._fusion import UnknownPrimitiveWarning, fused_and_held, known_primitives, transposed_layouts
+from ._fusion import (
+    UnknownPrimitiveWarning,
+    fused_and_held,
+    known_primitives,
+    read_in_place,
+    transposed_layouts,
+)
 from ._inner import with_inner_bytes
 from ._measure import abstract, gradient_step
 
@@ -40,6 +46,10 @@ def with_memory_facts(graph: ProgramGraph, compiled: CompiledProgram | None = No
             from it; without it, the rules guess (see :func:`check_known`).
     """
     units = list(graph.units)
+    in_place = read_in_place(units, list(graph.node_unit), list(graph.residual), list(graph.buffer),
+                             list(graph.node_bytes))
+    if in_place:  # jax 0.12's 1 - tanh²: its source is read as jax 0.10 read it, a residual
+        graph = dataclasses.replace(graph, residual=tuple(r or v in in_place for v, r in enumerate(graph.residual)))
     fused, held = fused_and_held(units, list(graph.node_unit), list(graph.residual), list(graph.buffer),
                                  [list(c) for c in graph.consumers], list(graph.reduced))
     unknown = unknown_primitives(graph)

@@ -24,7 +24,18 @@ CHEAP_FUSIBLE_PRIMITIVES = frozenset({
     "gt", "ge", "and", "or", "not", "xor", "clamp", "floor", "ceil", "round", "copy", "copy_p",
     "reshape", "squeeze", "expand_dims", "name", "stop_gradient", "transpose", "reduce_precision",
     "real", "imag", "conj", "is_finite", "nextafter",
+    # jax 0.12's 1 - x² (tanh's JVP uses it): lowered, on every backend, to (1 + x) * (1 - x),
+    # an add, a sub and a mul, which is all XLA sees of it.
+    "one_minus_square",
 })
+
+# Cheap functions of a primitive's output that a JVP rule makes the residual where
+# earlier jax made the output itself one: jax 0.12's tanh JVP reads only
+# one_minus_square(tanh(x)); jax 0.10's read tanh(x) and 1 - tanh(x). XLA compiles
+# both to the same buffers (every zoo model's plain gradient measures the same bytes
+# on each): it recomputes 1 - tanh² inside the backward's fusions from tanh(x),
+# which it holds. See read_in_place.
+HELD_IN_PLACE_PRIMITIVES = frozenset({"one_minus_square"})
 
 # Consumers that read their operands from memory (XLA:CPU never fuses a
 # producer into them): an operand of one of these is materialized in the forward.
@@ -91,6 +102,33 @@ def transposed_layouts(
                 and any(out[w] and shapes[w] == shapes[v] for w in unit.inputs)
             )
     return tuple(out)
+
+
+def read_in_place(
+    units: list[Unit], node_unit: list[int], residual: list[bool], buffer: list[int], node_bytes: list[int]
+) -> list[int]:
+    """The values the backward reads in place of a residual of :data:`HELD_IN_PLACE_PRIMITIVES`.
+
+    Such a residual, made from one value of its own size that a unit XLA does
+    not duplicate computed (``tanh``), is recomputed from that value in the
+    backward's fusions, which hold the value instead: what jax 0.10 listed as
+    a residual itself. Marking these as residuals gives the graph jax 0.10
+    gave (the residual is then a cheap one of a kept value, and fuses), so the
+    rules here, measured on jax 0.10, apply unchanged. Not extended to other
+    cheap residuals of one value: on jax 0.10 that changes predictions that
+    were measured as they are (a product of a quotient by a constant).
+    """
+    out = []
+    for v, is_residual in enumerate(residual):
+        unit = units[node_unit[v]]
+        if not is_residual or unit.primitive not in HELD_IN_PLACE_PRIMITIVES or len(unit.inputs) != 1:
+            continue
+        (w,) = unit.inputs
+        source = buffer[w]
+        if (source >= 0 and node_bytes[w] == node_bytes[v]
+                and units[node_unit[source]].primitive not in CHEAP_FUSIBLE_PRIMITIVES):
+            out.append(w)
+    return out
 
 
 def fused_residuals(

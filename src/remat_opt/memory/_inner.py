@@ -27,9 +27,10 @@ from typing import TYPE_CHECKING, Any
 import jax
 import jax.numpy as jnp
 from jax._src import core
+from jax.extend.core import ClosedJaxpr
 
 from .._errors import UnsupportedProgramError
-from ..program._trace import _CHECKPOINT_PRIMITIVES, _has_tangent, trace
+from ..program._trace import _CHECKPOINT_PRIMITIVES, _has_tangent, scan_counts, trace
 
 if TYPE_CHECKING:
     from ..program._graph import ProgramGraph
@@ -55,9 +56,9 @@ def iteration_backward_bytes(eqn: core.JaxprEqn, tangent_in: list[bool]) -> int:
     from ._simulate import simulate
     from .._schedule import Schedule
 
-    body: core.ClosedJaxpr = eqn.params["jaxpr"]
+    body: ClosedJaxpr = eqn.params["jaxpr"]
     avals = [v.aval for v in body.jaxpr.invars]
-    n_consts, n_carry = eqn.params["num_consts"], eqn.params["num_carry"]
+    n_consts, n_carry = scan_counts(eqn.params)
     # A carry whose initial value has no tangent gets one from the body when
     # any differentiated value flows into it; a float carry is assumed to.
     diff = [t or (n_consts <= k < n_consts + n_carry and _has_tangent(a))

@@ -58,12 +58,13 @@ ELEMENTWISE_PRIMITIVES: frozenset[str] = frozenset(
     """abs acos acosh add add_any and asin asinh atan atan2 atanh bessel_i0e bessel_i1e
     cbrt ceil clamp clz complex conj cos cosh digamma div eq eq_to erf erf_inv erfc exp
     exp2 expm1 floor ge gt igamma igamma_grad_a igammac integer_pow is_finite le le_to
-    lgamma log log1p logistic lt lt_to max min mul mulhi ne neg nextafter not or polygamma
-    population_count pow random_gamma_grad reduce_precision regularized_incomplete_beta
+    lgamma log log1p logistic lt lt_to max min mul mulhi ne neg nextafter not one_minus_square
+    or polygamma population_count pow random_gamma_grad reduce_precision regularized_incomplete_beta
     rem round rsqrt select_n shift_left shift_right_arithmetic shift_right_logical sign
     sin sinh sqrt square sub tan tanh xor zeta""".split()
 )
-"""Primitives priced at one FLOP per output element."""
+"""Primitives priced at one FLOP per output element. ``one_minus_square`` (``1 - x²``, new in
+jax 0.12, where ``tanh``'s JVP uses it) is a standard unary op there, like ``square``."""
 
 REDUCTION_PRIMITIVES: frozenset[str] = frozenset(
     """argmax argmin cumlogsumexp cummax cummin cumprod cumsum reduce reduce_and

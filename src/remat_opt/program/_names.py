@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 from jax._src import core, source_info_util
 from jax.ad_checkpoint import checkpoint_name
+from jax.extend.core import ClosedJaxpr
 
 from ._trace import eval_eqn, read_atom
 
@@ -81,7 +82,7 @@ def eval_named(
 
 
 def eval_program(
-    closed: core.ClosedJaxpr, args: Sequence[Any], evaluate: Evaluator = eval_eqn
+    closed: ClosedJaxpr, args: Sequence[Any], evaluate: Evaluator = eval_eqn
 ) -> list[Any]:
     """Evaluates the whole flat program with every value named."""
     env: dict = dict(zip(closed.jaxpr.constvars, closed.consts))

@@ -10,7 +10,10 @@ gives the forward and the backward one copy of an operand both read. So the
 residual the backward keeps for such a dot is the float32 copy (twice the
 bytes of the bfloat16 value), on top of the half-precision value itself when
 another reader needs it (``1 - tanh²``). Elementwise work is upcast too, but
-inside fusions, where no buffer changes.
+inside fusions, where no buffer changes. jax 0.12's XLA:CPU runs the forward's
+bfloat16 dots natively (XNNPACK fusions) but still computes the backward's in
+float32 on float32 copies of the activations: the buffers the backward keeps,
+and the plain peak of tests/test_mixed_precision.py's MLP, are the same bytes.
 
 The graph (:mod:`remat_opt.program._graph`) is linearized through
 :func:`upcasting_evaluator`, so it holds those copies as values of their own;

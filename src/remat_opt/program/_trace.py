@@ -44,6 +44,10 @@ import jax
 import numpy as np
 from jax._src import core, effects, source_info_util
 from jax._src.interpreters import ad
+# The public name on every jax: jax 0.12 merged ClosedJaxpr into Jaxpr (jax._src.core has no
+# ClosedJaxpr; jax.extend.core keeps it as an alias of Jaxpr, whose .jaxpr is itself and
+# whose .consts are the values of its constvars), so `.jaxpr`/`.consts` work on both.
+from jax.extend.core import ClosedJaxpr
 
 from .._errors import UnsupportedProgramError
 from ._static import combine, differentiated, split
@@ -74,7 +78,7 @@ class TracedProgram:
             where the user's has one.
     """
 
-    jaxpr: core.ClosedJaxpr
+    jaxpr: ClosedJaxpr
     in_tree: Any
     out_tree: Any
     differentiable: tuple[bool, ...]
@@ -95,6 +99,20 @@ def read_atom(env: dict, atom: Any) -> Any:
     return atom.val if isinstance(atom, core.Literal) else env[atom]
 
 
+def scan_counts(params: dict) -> tuple[int, int]:
+    """``(num_consts, num_carry)`` of a ``scan`` equation's parameters.
+
+    A scan's operands (and its body's inputs) are its consts, then its carry,
+    then its scanned inputs; its outputs are the carry, then the stacked outputs.
+    jax 0.10 records the counts as ``num_consts``/``num_carry``; jax 0.12 records
+    the operand layout instead, as a flat tree ``ft_in`` of ``(consts, carry, xs)``.
+    """
+    if "num_consts" in params:
+        return params["num_consts"], params["num_carry"]
+    consts, carry, _ = params["ft_in"].unpack()
+    return len(consts), len(carry)
+
+
 class _Inliner:
     """Evaluates a jaxpr with calls, checkpoints and short scans inlined."""
 
@@ -110,7 +128,7 @@ class _Inliner:
             name = eqn.primitive.name
             if name in _CALL_PARAMS:
                 inner = eqn.params[_CALL_PARAMS[name]]
-                if isinstance(inner, core.ClosedJaxpr):
+                if isinstance(inner, ClosedJaxpr):
                     outs = self.eval(inner.jaxpr, inner.consts, *invals)
                 else:
                     outs = self.eval(inner, (), *invals)
@@ -131,8 +149,8 @@ class _Inliner:
         padding), and each per-iteration output is concatenated at the end.
         """
         p = eqn.params
-        n_consts, n_carry, length = p["num_consts"], p["num_carry"], p["length"]
-        body: core.ClosedJaxpr = p["jaxpr"]
+        (n_consts, n_carry), length = scan_counts(p), p["length"]
+        body: ClosedJaxpr = p["jaxpr"]
         consts, carry = invals[:n_consts], list(invals[n_consts : n_consts + n_carry])
         with source_info_util.user_context(eqn.source_info.traceback):
             slices = [
@@ -153,7 +171,7 @@ class _Inliner:
         return [*carry, *stacked]
 
 
-def flatten_jaxpr(closed: core.ClosedJaxpr, unroll_limit: int = 0) -> tuple[core.ClosedJaxpr, int]:
+def flatten_jaxpr(closed: ClosedJaxpr, unroll_limit: int = 0) -> tuple[ClosedJaxpr, int]:
     """Inlines call and checkpoint equations, recursively, keeping source info.
 
     Args:
@@ -258,7 +276,7 @@ def _has_tangent(aval: Any) -> bool:
 
 
 def _as_open(jaxpr: Any) -> core.Jaxpr:
-    return jaxpr.jaxpr if isinstance(jaxpr, core.ClosedJaxpr) else jaxpr
+    return jaxpr.jaxpr if isinstance(jaxpr, ClosedJaxpr) else jaxpr
 
 
 def _live_eqns(jaxpr: core.Jaxpr, live_out: Sequence[bool]) -> list[bool]:
@@ -318,7 +336,7 @@ def _tangents(jaxpr: core.Jaxpr, tangent_in: Sequence[bool], live_out: Sequence[
             if eqn_live and any(outs):
                 raise UnsupportedProgramError(name, _source(eqn), _WHILE_HINT)
         elif name == "scan":
-            n_consts, n_carry = eqn.params["num_consts"], eqn.params["num_carry"]
+            n_consts, n_carry = scan_counts(eqn.params)
             carry, ys = _loop_tangents(
                 _as_open(eqn.params["jaxpr"]),
                 t_in[:n_consts],
@@ -363,7 +381,7 @@ def _effect_in_checkpoint(jaxpr: core.Jaxpr) -> core.JaxprEqn | None:
     return None
 
 
-def check_plannable(closed: core.ClosedJaxpr, differentiable: Sequence[bool]) -> frozenset[core.Var]:
+def check_plannable(closed: ClosedJaxpr, differentiable: Sequence[bool]) -> frozenset[core.Var]:
     """Raises if the later stages cannot turn the program into a correct checkpointed step.
 
     Args:

@@ -29,9 +29,10 @@ from typing import Any
 import jax
 from jax import lax
 from jax._src import core
+from jax.extend.core import ClosedJaxpr
 
 from ._policies import POLICIES
-from ..program._trace import TracedProgram, eval_eqn, read_atom
+from ..program._trace import TracedProgram, eval_eqn, read_atom, scan_counts
 
 
 @dataclass(frozen=True)
@@ -95,8 +96,8 @@ def loop_candidates(lengths: Sequence[int]) -> list[LoopPlan]:
 
 def _planned_scan(eqn: core.JaxprEqn, invals: Sequence[Any], plan: LoopPlan) -> list[Any]:
     p = eqn.params
-    n_consts, n_carry, length, reverse = p["num_consts"], p["num_carry"], p["length"], p["reverse"]
-    body_jaxpr: core.ClosedJaxpr = p["jaxpr"]
+    (n_consts, n_carry), length, reverse = scan_counts(p), p["length"], p["reverse"]
+    body_jaxpr: ClosedJaxpr = p["jaxpr"]
     consts = list(invals[:n_consts])
     carry, xs = tuple(invals[n_consts : n_consts + n_carry]), tuple(invals[n_consts + n_carry :])
 
