@@ -24,7 +24,7 @@ from schedule_fidelity import CSV, model_reference  # noqa: E402
 
 from remat_opt.memory._simulate import simulate  # noqa: E402
 from remat_opt.memory._once import once_values  # noqa: E402
-from remat_opt._optimize import apply_schedule  # noqa: E402
+from remat_opt.rewrite._apply import apply_schedule  # noqa: E402
 from remat_opt._schedule import Schedule  # noqa: E402
 
 

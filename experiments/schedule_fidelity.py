@@ -34,7 +34,7 @@ from remat_opt.solve._chen import chen_greedy_candidates, chen_sqrt_n_schedule  
 from remat_opt.program._graph import ProgramGraph  # noqa: E402
 from remat_opt.memory._simulate import simulate  # noqa: E402
 from remat_opt.solve._nesting import revolve_schedules  # noqa: E402
-from remat_opt._optimize import apply_schedule  # noqa: E402
+from remat_opt.rewrite._apply import apply_schedule  # noqa: E402
 from remat_opt.baselines._reference import Reference, reference  # noqa: E402
 from remat_opt._schedule import Schedule  # noqa: E402
 from remat_opt.zoo import MODELS  # noqa: E402

@@ -13,7 +13,7 @@ from remat_opt.solve._chen import articulation_positions, chen_greedy_schedule, 
 from remat_opt.memory import model_graph
 from remat_opt.memory._measure import gradient_flops, memory_of
 from remat_opt.memory._simulate import calibrate, simulate
-from remat_opt._optimize import apply_schedule
+from remat_opt.rewrite._apply import apply_schedule
 from remat_opt.rewrite._policies import POLICIES
 from remat_opt.program._trace import trace
 from remat_opt.zoo import MODELS, GPTConfig, UNetConfig

@@ -6,7 +6,7 @@ import pytest
 from remat_opt import Schedule
 from remat_opt.memory import _branch
 from remat_opt.memory._simulate import simulate
-from remat_opt._optimize import apply_schedule
+from remat_opt.rewrite._apply import apply_schedule
 from remat_opt.baselines._reference import reference
 
 WIDTH = 128

@@ -11,7 +11,7 @@ from remat_opt.memory import _simulate
 from remat_opt.program._cost import jaxpr_flops
 from remat_opt.memory._simulate import simulate
 from remat_opt.memory._once import MULTI_OPERAND_ELEMENTWISE, computed_once, once_values
-from remat_opt._optimize import apply_schedule
+from remat_opt.rewrite._apply import apply_schedule
 from remat_opt.baselines._reference import reference
 
 FAST = remat_opt.SolverOptions(time_limit_s=120.0, deterministic_time_limit=3.0, num_workers=2)

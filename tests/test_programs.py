@@ -129,7 +129,7 @@ def test_a_cut_just_before_a_cond_keeps_its_index_integer():
         return jnp.mean(mlp(ws[2:], h) ** 2)
 
     from remat_opt.memory import model_graph
-    from remat_opt._optimize import apply_schedule
+    from remat_opt.rewrite._apply import apply_schedule
     from remat_opt._schedule import Schedule
 
     ws, x = weights(4), inputs()

@@ -30,7 +30,7 @@ from ._errors import UnsupportedProgramError as UnsupportedProgramError
 from .memory._measure import peak_bytes as peak_bytes
 from ._optimize import OptimizedFunction as OptimizedFunction
 from .memory._fusion import UnknownPrimitiveWarning as UnknownPrimitiveWarning
-from ._optimize import optimize as optimize
+from ._api import optimize as optimize
 from ._plan import Plan as Plan
 from .rewrite._policies import POLICIES as POLICIES
 from ._schedule import Schedule as Schedule

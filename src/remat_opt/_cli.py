@@ -26,7 +26,7 @@ from typing import Any
 from . import _cache
 from ._budget import format_bytes, parse_bytes
 from ._errors import InvalidBudgetError, InvalidBudgetTypeError, RematOptError
-from ._optimize import optimize
+from ._api import optimize
 from ._plan import Plan
 
 

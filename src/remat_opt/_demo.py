@@ -9,7 +9,7 @@ import jax
 from ._budget import format_bytes
 from ._errors import RematOptError
 from .memory._measure import peak_bytes
-from ._optimize import optimize
+from ._api import optimize
 from .zoo import MODELS
 
 

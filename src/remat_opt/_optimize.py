@@ -1,11 +1,12 @@
-"""The public entry point: ``optimize(fn, budget_bytes)`` runs the pipeline.
+"""The planner behind ``optimize``: :class:`OptimizedFunction`, the pipeline run once per signature.
 
 trace → graph → solve → rewrite → measure, once per input signature, cached.
 The judge is XLA: a plan is returned only after the rewritten gradient step
-has been compiled and its peak measured at or under the budget. When XLA's
-figure is over, the solver's target is tightened by the overshoot (and a 1%
-margin) and the plan re-solved, a bounded number of times; then the
-lowest-memory schedules are measured. Nested schedules
+has been compiled and its peak measured at or under the budget. Each
+measurement steers the solver's next target: over the budget, it is tightened
+by the overshoot (and a 1% margin); under it, by as much as the model
+over-predicted, it is loosened. Then, if nothing fit, the lowest-memory
+schedules are measured. Nested schedules
 (:mod:`remat_opt.solve._nesting`) and Chen's segmentations are measured too (the
 model is conservative on some; XLA decides), and a program with scans has its
 loop plans measured (:mod:`remat_opt.rewrite._loops`); the plan that fits with the
@@ -25,9 +26,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
-import networkx as nx
 
-from ._budget import format_bytes, parse_bytes
+from ._budget import format_bytes
 from ._cache import (CacheEntryError, cache_directory, entry_loop_plan, entry_path, entry_schedule, options_of,
                      plan_entry, plan_from_entry, plan_key, plan_kind, read_entry, report, write_entry)
 from ._forward import forward_mode
@@ -42,8 +42,8 @@ from .memory._measure import abstract, gradient_flops, peak_bytes
 from .memory._simulate import calibrate, simulate
 from .solve._nesting import nested_candidates
 from .memory._once import once_values
-from ._plan import Plan
-from .rewrite._rewrite import rewrite
+from ._plan import Plan, annotate
+from .rewrite._apply import apply_schedule
 from ._schedule import Schedule, Simulation
 from .solve._solve import SolverOptions, low_memory_schedules, min_peak_schedule, solve
 from .program._static import Static, split
@@ -61,43 +61,9 @@ def _signature(args: tuple, kwargs: dict) -> _Signature:
     return _Signature(static, tuple((tuple(jax.numpy.shape(x)), str(jax.numpy.result_type(x))) for x in leaves))
 
 
-def apply_schedule(
-    fn: Callable[..., Any], graph: ProgramGraph, schedule: Schedule, *, compute_saved_once: bool = True
-) -> Callable[..., Any]:
-    """``fn`` with ``schedule`` applied, for arguments of the traced signature.
-
-    The plain schedule is ``fn`` itself, unless the flat program differs from
-    it (scans were unrolled): then it is the flat program as written.
-    ``compute_saved_once``: see :func:`optimize`.
-    """
-    if schedule.plain and not graph.traced.unrolled_scans:
-        return fn
-    return with_signature(fn, graph.traced, rewrite(graph, schedule, compute_saved_once=compute_saved_once))
-
-
 logger = logging.getLogger("remat_opt")
 """Progress of a plan (stages, solves, measurements) at INFO level; silent unless configured,
 e.g. ``logging.basicConfig(level=logging.INFO)``."""
-
-
-def annotate(graph: ProgramGraph, sim: Simulation) -> nx.DiGraph:
-    """The plan's networkx graph: the program graph with each value's decision."""
-    g = graph.nx_graph()
-    for v in range(graph.num_nodes):
-        unit = graph.node_unit[v]
-        if graph.is_output[v]:
-            decision = "output"
-        elif v in sim.stored_nodes:
-            decision = "save"
-        elif unit in sim.recomputed_units:
-            decision = "recompute"
-        else:
-            decision = "free"
-        g.nodes[v]["decision"] = decision
-        g.nodes[v]["segment"] = sim.segment_of_position[graph.units[unit].position]
-    for k in range(len(graph.input_labels)):
-        g.nodes[graph.input_node(k)].update(decision="input", segment=None)
-    return g
 
 
 class OptimizedFunction:
@@ -537,94 +503,3 @@ class OptimizedFunction:
 
 def _qualified_name(fn: Callable[..., Any]) -> str:
     return f"{getattr(fn, '__module__', None) or '?'}.{getattr(fn, '__qualname__', type(fn).__name__)}"
-
-
-def optimize(
-    fn: Callable[..., Any],
-    budget_bytes: int | str,
-    *,
-    argnums: int | Sequence[int] = 0,
-    solver_options: SolverOptions | None = None,
-    max_attempts: int = 4,
-    cost_model: CostModel | None = None,
-    has_aux: bool = False,
-    unroll_scans: int = 64,
-    compute_saved_once: bool = True,
-    xla_facts: bool = True,
-    cache: bool | str | os.PathLike = True,
-) -> OptimizedFunction:
-    """Places gradient checkpoints in ``fn`` so its gradient step fits ``budget_bytes``.
-
-    Args:
-        fn: the loss function, returning a scalar.
-        budget_bytes: peak bytes for ``jax.jit(jax.value_and_grad(fn))`` as XLA
-            measures it (see :func:`peak_bytes`); an int or a string such as
-            ``"512MiB"`` or ``"2GB"``.
-        argnums: positional arguments that are differentiated.
-        solver_options: CP-SAT settings (time limit, workers, seed).
-        max_attempts: solves allowed until XLA confirms the budget.
-        cost_model: FLOPs per equation; the default counts dots and convs exactly.
-        has_aux: ``fn`` returns ``(loss, aux)`` (as in ``jax.grad``); the step
-            returns the same pair, for ``jax.value_and_grad(step, has_aux=True)``.
-        unroll_scans: a ``lax.scan`` (or static ``fori_loop``) of at most this many
-            iterations is unrolled into the plan, so checkpoints can fall between
-            its iterations and inside its body, under the same budget. The
-            rewritten step then has no loop: XLA compiles each iteration, which
-            takes longer for long scans. ``0`` keeps every scan as one unit.
-            Whatever this is, the scans' loop plans (a built-in policy on the
-            body, iterations in checkpointed groups) are measured too, and the
-            plan with the fewest recomputed FLOPs that fits wins.
-        compute_saved_once: in plans that save names, give each stored value
-            XLA would rebuild in every reader from its operands (a residual
-            stream) a reader XLA cannot fuse, so it computes the value once
-            and frees the operands (:mod:`remat_opt.memory._once`). Same values and
-            gradients. Measured on the zoo GPT's and U-Net's plans, 0-11%
-            lower peaks (jax 0.10.2, XLA:CPU). ``False`` leaves XLA to
-            duplicate them as it likes.
-        xla_facts: where the program uses primitives no rule of the memory
-            model names, compile it once more with XLA's dump on and take
-            what XLA did with their values (:mod:`remat_opt.memory._compiled`).
-            ``False`` guesses instead (as materialized) and warns
-            (:class:`UnknownPrimitiveWarning`).
-        cache: keep plans on disk and load them in later processes
-            (:mod:`remat_opt._cache`): ``True`` for ``$REMAT_OPT_CACHE_DIR``, else
-            ``~/.cache/remat_opt``; a folder; or ``False`` to plan every process
-            anew. A loaded plan makes no solver call and compiles no candidate.
-
-    Returns:
-        An :class:`OptimizedFunction` with ``fn``'s signature and values.
-
-    Raises:
-        TypeError: ``fn`` is not callable, or ``budget_bytes`` has the wrong type.
-        ValueError: ``budget_bytes`` is not a positive size.
-        InfeasibleBudgetError: (on first call) no plan fits on XLA, not even the
-            lowest-memory one; carries ``min_budget_bytes``, a budget XLA confirms.
-
-    Example:
-        >>> import jax, jax.numpy as jnp, remat_opt
-        >>> loss = lambda w, x: jnp.sum(jnp.tanh(jnp.tanh(x @ w) @ w))
-        >>> step = remat_opt.optimize(loss, budget_bytes="64MiB")
-        >>> w, x = jnp.ones((8, 8)), jnp.ones((4, 8))
-        >>> bool(jnp.allclose(jax.grad(step)(w, x), jax.grad(loss)(w, x)))
-        True
-    """
-    if not callable(fn):
-        raise TypeError(f"fn must be callable; got {fn!r} ({type(fn).__name__}). Pass the loss function itself.")
-    budget = parse_bytes(budget_bytes, argument="budget_bytes")
-    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
-        raise ValueError(f"max_attempts must be a positive int; got {max_attempts!r}.")
-    if solver_options is not None and not isinstance(solver_options, SolverOptions):
-        raise TypeError(f"solver_options must be a remat_opt.SolverOptions; got {type(solver_options).__name__}.")
-    if isinstance(argnums, bool) or not isinstance(argnums, (int, tuple, list)):
-        raise TypeError(f"argnums must be an int or a tuple of ints; got {argnums!r}.")
-    if not isinstance(has_aux, bool):
-        raise TypeError(f"has_aux must be a bool; got {has_aux!r}.")
-    if isinstance(unroll_scans, bool) or not isinstance(unroll_scans, int) or unroll_scans < 0:
-        raise ValueError(f"unroll_scans must be a non-negative int (0 keeps scans whole); got {unroll_scans!r}.")
-    for flag, value in (("compute_saved_once", compute_saved_once), ("xla_facts", xla_facts)):
-        if not isinstance(value, bool):
-            raise TypeError(f"{flag} must be a bool; got {value!r}.")
-    if not isinstance(cache, (bool, str, os.PathLike)):
-        raise TypeError(f"cache must be True, False or a folder (str or os.PathLike); got {cache!r}.")
-    return OptimizedFunction(fn, budget, argnums, solver_options or SolverOptions(), max_attempts, cost_model,
-                             has_aux, unroll_scans, compute_saved_once, xla_facts, cache)

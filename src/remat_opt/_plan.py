@@ -10,7 +10,8 @@ import networkx as nx
 
 from . import _report
 from ._budget import format_bytes
-from ._schedule import Schedule
+from ._schedule import Schedule, Simulation
+from .program._graph import ProgramGraph
 from .rewrite._loops import LoopPlan
 
 
@@ -148,3 +149,23 @@ class Plan:
             f"recompute {self.recompute_flops:,} FLOPs (+{self.recompute_overhead:.1%}); "
             f"solved in {self.solve_seconds:.2f}s, {self.attempts} attempt(s); jax {self.jax_version}"
         )
+
+
+def annotate(graph: ProgramGraph, sim: Simulation) -> nx.DiGraph:
+    """The plan's networkx graph: the program graph with each value's decision."""
+    g = graph.nx_graph()
+    for v in range(graph.num_nodes):
+        unit = graph.node_unit[v]
+        if graph.is_output[v]:
+            decision = "output"
+        elif v in sim.stored_nodes:
+            decision = "save"
+        elif unit in sim.recomputed_units:
+            decision = "recompute"
+        else:
+            decision = "free"
+        g.nodes[v]["decision"] = decision
+        g.nodes[v]["segment"] = sim.segment_of_position[graph.units[unit].position]
+    for k in range(len(graph.input_labels)):
+        g.nodes[graph.input_node(k)].update(decision="input", segment=None)
+    return g

@@ -43,7 +43,7 @@ from ..solve._chen import chen_greedy_candidates, chen_sqrt_n_schedule
 from ..program._cost import CostModel
 from ..memory._simulate import simulate
 from ..solve._nesting import MAX_DEPTH, chain_steps, revolve_schedule, revolve_schedules
-from .._optimize import apply_schedule
+from ..rewrite._apply import apply_schedule
 from .._plan import Plan
 from ..rewrite._policies import POLICIES, layer_policy_program, policy_program
 from ._reference import Reference, policy_plan, reference, schedule_plan

@@ -21,7 +21,8 @@ from ..memory._facts import check_known, read_plain, unknown_primitives, with_me
 from ..program._graph import ProgramGraph, build_graph
 from ..memory._measure import abstract, gradient_flops, peak_bytes
 from ..memory._simulate import calibrate, simulate
-from .._optimize import annotate, apply_schedule
+from .._plan import annotate
+from ..rewrite._apply import apply_schedule
 from .._plan import Plan
 from .._schedule import Schedule
 from ..program._trace import normalize_argnums, trace
