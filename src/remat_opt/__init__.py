@@ -27,6 +27,8 @@ from ._errors import InvalidBudgetError as InvalidBudgetError
 from ._errors import InvalidBudgetTypeError as InvalidBudgetTypeError
 from ._errors import RematOptError as RematOptError
 from ._errors import UnsupportedProgramError as UnsupportedProgramError
+from .memory._fragmentation import Fragmentation as Fragmentation
+from .memory._fragmentation import fragmentation as fragmentation
 from .memory._measure import peak_bytes as peak_bytes
 from ._optimize import OptimizedFunction as OptimizedFunction
 from .memory._fusion import UnknownPrimitiveWarning as UnknownPrimitiveWarning
@@ -41,6 +43,7 @@ __all__ = [
     "CacheWarning",
     "CostModel",
     "FlopCostModel",
+    "Fragmentation",
     "InfeasibleBudgetError",
     "InvalidBudgetError",
     "InvalidBudgetTypeError",
@@ -56,6 +59,7 @@ __all__ = [
     "chen_greedy",
     "chen_sqrt_n",
     "format_bytes",
+    "fragmentation",
     "layer_checkpoint_policy",
     "megatron_selective",
     "no_remat",

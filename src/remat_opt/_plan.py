@@ -11,6 +11,7 @@ import networkx as nx
 from . import _report
 from ._budget import format_bytes
 from ._schedule import Schedule, Simulation
+from .memory._fragmentation import Fragmentation
 from .program._graph import ProgramGraph
 from .rewrite._loops import LoopPlan
 
@@ -105,10 +106,20 @@ class Plan:
         """Whether XLA's measured peak is within the budget."""
         return None if self.measured_peak_bytes is None else self.measured_peak_bytes <= self.budget_bytes
 
-    def report(self) -> str:
+    def report(self, fragmentation: Fragmentation | None = None) -> str:
         """A table per segment: the values saved and recomputed, their bytes and
-        FLOPs, grouped by the user's source line (:func:`remat_opt._report.report`)."""
-        return _report.report(self)
+        FLOPs, grouped by the user's source line (:func:`remat_opt._report.report`).
+
+        Args:
+            fragmentation: :func:`remat_opt.fragmentation` of the optimized
+                function on the plan's arguments; when given, the report says
+                how many bytes are live at XLA's peak of the planned step against
+                those XLA allocated (planning itself compiles no such dump).
+
+        Example:
+            >>> print(plan.report(remat_opt.fragmentation(step, params, batch)))  # doctest: +SKIP
+        """
+        return _report.report(self, fragmentation)
 
     def to_dot(self, path: str | os.PathLike) -> None:
         """Writes :attr:`graph` as Graphviz DOT, through networkx's pydot export

@@ -20,6 +20,7 @@ from ._budget import format_bytes
 
 if TYPE_CHECKING:
     from ._plan import Plan
+    from .memory._fragmentation import Fragmentation
 
 SAVED = "saved by name"
 STORED = "stored"
@@ -105,14 +106,22 @@ def _positions(graph: nx.DiGraph) -> dict[int, tuple[int, int]]:
     return {s: (min(p), max(p)) for s, p in spans.items()}
 
 
-def report(plan: Plan) -> str:
+def report(plan: Plan, fragmentation: Fragmentation | None = None) -> str:
     """The plan as text: its one-line summary, then per segment its positions,
     the model's peak there, and what it saves and recomputes, by source line.
+
+    Args:
+        plan: the plan.
+        fragmentation: when given (:func:`remat_opt.fragmentation` of the
+            optimized function), a second line sets the bytes live at XLA's
+            peak against those it allocated.
 
     Example:
         >>> print(step.plan(params, batch).report())  # doctest: +SKIP
     """
     lines = [str(plan)]
+    if fragmentation is not None:
+        lines.append(f"fragmentation: {fragmentation}")
     graph = plan.graph
     if plan.schedule is None or all(d is None for _, d in graph.nodes(data="decision")):
         lines.append("This plan is not a schedule on the program graph: no decisions per value to report.")
