@@ -34,7 +34,7 @@ import re
 import tempfile
 import time
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -288,3 +288,8 @@ def clear(directory: Path) -> int:
     for path in [*entries, *(directory.glob(".tmp-*.json") if directory.is_dir() else ())]:
         path.unlink(missing_ok=True)
     return len(entries)
+
+
+def qualified_name(fn: Callable[..., Any]) -> str:
+    """``module.qualname`` of a planned function, as an entry names it."""
+    return f"{getattr(fn, '__module__', None) or '?'}.{getattr(fn, '__qualname__', type(fn).__name__)}"

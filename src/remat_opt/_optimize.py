@@ -29,7 +29,8 @@ import jax
 
 from ._budget import format_bytes
 from ._cache import (CacheEntryError, cache_directory, entry_loop_plan, entry_path, entry_schedule, options_of,
-                     plan_entry, plan_from_entry, plan_key, plan_kind, read_entry, report, write_entry)
+                     plan_entry, plan_from_entry, plan_key, plan_kind, qualified_name, read_entry, report,
+                     write_entry)
 from ._forward import forward_mode
 from .solve._chen import chen_schedules
 from .program._cost import CostModel
@@ -470,7 +471,7 @@ class OptimizedFunction:
         # could rewrite another program than the one measured).
         unknown = {p for _, p in plan.graph.nodes(data="primitive")} - known_primitives() - {"input"}
         if kind is not None and not (kind != "loop" and self.xla_facts and unknown):
-            write_entry(directory, key, plan_entry(plan, kind, _qualified_name(self.fn)))
+            write_entry(directory, key, plan_entry(plan, kind, qualified_name(self.fn)))
         return plan, program
 
     def _restored(self, entry: dict, whole: TracedProgram, args: tuple, kwargs: dict,
@@ -499,7 +500,3 @@ class OptimizedFunction:
                                   f"values computed once; the program rebuilt from it {sim.recompute_flops:,} "
                                   f"and {once}")
         return plan, program
-
-
-def _qualified_name(fn: Callable[..., Any]) -> str:
-    return f"{getattr(fn, '__module__', None) or '?'}.{getattr(fn, '__qualname__', type(fn).__name__)}"
