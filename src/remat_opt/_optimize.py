@@ -3,15 +3,12 @@
 trace → graph → solve → rewrite → measure, once per input signature, cached.
 The judge is XLA: a plan is returned only after the rewritten gradient step
 has been compiled and its peak measured at or under the budget. Each
-measurement steers the solver's next target: over the budget, it is tightened
-by the overshoot (and a 1% margin); under it, by as much as the model
-over-predicted, it is loosened. Then, if nothing fit, the lowest-memory
-schedules are measured. Nested schedules
-(:mod:`remat_opt.solve._nesting`) and Chen's segmentations are measured too (the
-model is conservative on some; XLA decides), and a program with scans has its
-loop plans measured (:mod:`remat_opt.rewrite._loops`); the plan that fits with the
-fewest recomputed FLOPs, flat, nested or loop plan, is returned. If nothing
-fits, :class:`InfeasibleBudgetError` says which budget XLA confirms.
+measurement steers the solver's next target (tightened by an overshoot,
+loosened by an over-prediction); if nothing fit, the lowest-memory schedules
+are measured. Nested schedules (:mod:`remat_opt.solve._nesting`), Chen's
+segmentations and a program's loop plans (:mod:`remat_opt.rewrite._loops`) are
+measured too; the plan that fits with the fewest recomputed FLOPs is returned.
+If nothing fits, :class:`InfeasibleBudgetError` says which budget XLA confirms.
 """
 
 from __future__ import annotations
@@ -35,8 +32,8 @@ from ._forward import forward_mode
 from .solve._chen import chen_schedules
 from .program._cost import CostModel
 from ._errors import InfeasibleBudgetError
-from .memory._fusion import known_primitives
-from .memory._facts import check_known, model_graph, read_plain, unknown_primitives, with_memory_facts
+from .memory._facts import (check_known, model_graph, read_plain, unknown_of, unknown_primitives,
+                            with_memory_facts)
 from .program._graph import ProgramGraph, build_graph
 from .rewrite._loops import loop_candidates, loop_program, scan_lengths
 from .memory._measure import abstract, gradient_flops, peak_bytes
@@ -469,7 +466,7 @@ class OptimizedFunction:
         # Not kept: a plan whose model took XLA's account of primitives no rule
         # knows (a compile the entry does not carry; a graph rebuilt without it
         # could rewrite another program than the one measured).
-        unknown = {p for _, p in plan.graph.nodes(data="primitive")} - known_primitives() - {"input"}
+        unknown = unknown_of(p for _, p in plan.graph.nodes(data="primitive") if p != "input")
         if kind is not None and not (kind != "loop" and self.xla_facts and unknown):
             write_entry(directory, key, plan_entry(plan, kind, qualified_name(self.fn)))
         return plan, program

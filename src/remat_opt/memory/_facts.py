@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from ..program._cost import CostModel
@@ -61,7 +61,12 @@ def with_memory_facts(graph: ProgramGraph, compiled: CompiledProgram | None = No
 
 def unknown_primitives(graph: ProgramGraph) -> tuple[str, ...]:
     """The primitives of ``graph``'s units that no rule of the model names."""
-    return tuple(sorted({u.primitive for u in graph.units} - known_primitives()))
+    return unknown_of(u.primitive for u in graph.units)
+
+
+def unknown_of(primitives: Iterable[str]) -> tuple[str, ...]:
+    """Those of ``primitives`` that no rule of the model names, sorted."""
+    return tuple(sorted(set(primitives) - known_primitives()))
 
 
 def check_known(graph: ProgramGraph) -> None:
