@@ -21,13 +21,15 @@ from __future__ import annotations
 
 import re
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
+from jax.experimental.compilation_cache import compilation_cache
 
 from ._measure import memory_of
 
@@ -217,9 +219,32 @@ def read_compiled(step: Callable[..., Any], *args: Any, **kwargs: Any) -> Compil
     Returns:
         XLA's peak and the buffers it holds from the forward into the backward.
     """
-    with tempfile.TemporaryDirectory(prefix="remat_opt_xla_") as folder:
-        lowered = jax.jit(step).lower(*args, **kwargs)
-        compiled = lowered.compile(compiler_options={"xla_dump_to": folder})
-        texts = sorted(Path(folder).glob("*after_optimizations.txt"))
-        hlo = texts[-1].read_text() if texts else compiled.as_text()
-    return CompiledProgram(memory_of(compiled), held_buffers(hlo), jax.default_backend())
+    compiled, hlo = compile_dumped(step, "after_optimizations.txt", *args, **kwargs)
+    return CompiledProgram(memory_of(compiled), held_buffers(hlo or compiled.as_text()), jax.default_backend())
+
+
+@contextmanager
+def _compiled_afresh() -> Iterator[None]:
+    """JAX's persistent compilation cache off, for one compile: an executable
+    loaded from it was not compiled in this process, so XLA dumps nothing for
+    it (``xla_dump_to`` is not part of the cache key). The cache is reset
+    before and after, as ``reset_cache`` documents; not thread-safe."""
+    if not jax.config.jax_compilation_cache_dir or not jax.config.jax_enable_compilation_cache:
+        yield
+        return
+    compilation_cache.reset_cache()
+    jax.config.update("jax_enable_compilation_cache", False)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_enable_compilation_cache", True)
+        compilation_cache.reset_cache()
+
+
+def compile_dumped(step: Callable[..., Any], suffix: str, *args: Any, **kwargs: Any) -> tuple[Any, str | None]:
+    """``jax.jit(step)`` compiled here, with XLA's dump on, and the text of the
+    dumped file whose name ends with ``suffix`` (``None`` if XLA wrote none)."""
+    with tempfile.TemporaryDirectory(prefix="remat_opt_xla_") as folder, _compiled_afresh():
+        compiled = jax.jit(step).lower(*args, **kwargs).compile(compiler_options={"xla_dump_to": folder})
+        dumps = sorted(Path(folder).glob(f"*{suffix}"))
+        return compiled, dumps[-1].read_text() if dumps else None

@@ -18,17 +18,14 @@ buffer live at its peak instruction with its bytes.
 from __future__ import annotations
 
 import re
-import tempfile
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import jax
-from jax.experimental.compilation_cache import compilation_cache
 
 from .._budget import format_bytes
+from ._compiled import compile_dumped
 from ._measure import abstract, gradient_step, memory_of
 
 _PEAK = re.compile(r"^\s*Live ranges at (\d+) \(peak\):\s*$")
@@ -81,24 +78,6 @@ def live_at_peak(live_range_text: str) -> tuple[tuple[str, int], ...] | None:
     return tuple(buffers)
 
 
-@contextmanager
-def _compiled_afresh() -> Iterator[None]:
-    """JAX's persistent compilation cache off, for one compile: an executable
-    loaded from it was not compiled in this process, so XLA dumps nothing for
-    it (``xla_dump_to`` is not part of the cache key). The cache is reset
-    before and after, as ``reset_cache`` documents; not thread-safe."""
-    if not jax.config.jax_compilation_cache_dir or not jax.config.jax_enable_compilation_cache:
-        yield
-        return
-    compilation_cache.reset_cache()
-    jax.config.update("jax_enable_compilation_cache", False)
-    try:
-        yield
-    finally:
-        jax.config.update("jax_enable_compilation_cache", True)
-        compilation_cache.reset_cache()
-
-
 def read_fragmentation(step: Callable[..., Any], *args: Any, **kwargs: Any) -> Fragmentation | None:
     """Compiles ``jax.jit(step)`` on these (abstract) arguments and reads its
     live bytes at the peak beside its allocated bytes.
@@ -107,10 +86,8 @@ def read_fragmentation(step: Callable[..., Any], *args: Any, **kwargs: Any) -> F
         The two figures; ``None`` when XLA wrote no live-range dump with a
         peak (a backend or release that does not).
     """
-    with tempfile.TemporaryDirectory(prefix="remat_opt_xla_") as folder, _compiled_afresh():
-        compiled = jax.jit(step).lower(*args, **kwargs).compile(compiler_options={"xla_dump_to": folder})
-        dumps = sorted(Path(folder).glob("*-live-range.txt"))
-        buffers = live_at_peak(dumps[-1].read_text()) if dumps else None
+    compiled, dump = compile_dumped(step, "-live-range.txt", *args, **kwargs)
+    buffers = live_at_peak(dump) if dump is not None else None
     if buffers is None:
         return None
     return Fragmentation(sum(b for _, b in buffers), memory_of(compiled), buffers)
