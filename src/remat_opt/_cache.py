@@ -153,7 +153,8 @@ def plan_kind(plan: Plan) -> str | None:
 def plan_entry(plan: Plan, kind: str, function: str) -> dict[str, Any]:
     """The JSON-ready entry for ``plan`` (of kind ``kind``, see :func:`plan_kind`)."""
     figures = {name: getattr(plan, name) for name in _PLAN_FIELDS}
-    loop = None if plan.loop_plan is None else {"policy": plan.loop_plan.policy, "chunks": plan.loop_plan.chunks}
+    loop = None if plan.loop_plan is None else {"policy": plan.loop_plan.policy, "chunks": plan.loop_plan.chunks,
+                                                "saved": plan.loop_plan.saved}
     return {"versions": versions(), "kind": kind, "function": function,
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "plan": figures,
             "schedule": json.loads(plan.schedule.to_json()), "loop_plan": loop}
@@ -167,7 +168,10 @@ def entry_schedule(entry: Mapping[str, Any]) -> Schedule:
 def entry_loop_plan(entry: Mapping[str, Any]) -> LoopPlan | None:
     """The entry's loop plan, if it is one."""
     loop = entry["loop_plan"]
-    return None if loop is None else LoopPlan(loop["policy"], int(loop["chunks"]))
+    if loop is None:
+        return None
+    saved = loop.get("saved")
+    return LoopPlan(loop["policy"], int(loop["chunks"]), None if saved is None else tuple(saved))
 
 
 def plan_from_entry(entry: Mapping[str, Any], graph: Any) -> Plan:

@@ -35,7 +35,8 @@ from ._errors import InfeasibleBudgetError
 from .memory._facts import (check_known, model_graph, read_plain, unknown_of, unknown_primitives,
                             with_memory_facts)
 from .program._graph import ProgramGraph, build_graph
-from .rewrite._loops import loop_candidates, loop_program, scan_lengths
+from ._loop_planning import LoopSearch, body_plans, loop_plans
+from .rewrite._loops import loop_program
 from .memory._measure import abstract, gradient_flops, peak_bytes
 from .memory._simulate import calibrate, simulate
 from .solve._nesting import nested_candidates
@@ -158,8 +159,13 @@ class OptimizedFunction:
                               "PLAIN", 0.0, 0.0, 0)
             return plan, self.fn
 
-        loops = self._loop_plans(whole, whole_graph.plain_storage_scale, args, kwargs, argnums, nums, measure,
-                                 baseline_flops, plain_peak, budget)
+        def make_plan(graph, sim, measured, flops, status, gap, seconds, attempts):
+            return self._plan(graph, sim, Schedule(plain=True), measured, plain_peak, flops, baseline_flops,
+                              status, gap, seconds, attempts)
+
+        search = LoopSearch(self.fn, whole, args, kwargs, argnums, nums, self.cost_model, self.has_aux,
+                            whole_graph.plain_storage_scale, baseline_flops, budget, measure, make_plan)
+        loops = [*loop_plans(search), *body_plans(search, self.solver_options, self.max_attempts)]
         best_loop = min((lp for lp in loops if lp[0].measured_peak_bytes <= budget),
                         key=lambda lp: lp[0].measured_recompute_flops, default=None)
         # Only a schedule cheaper than what already fits is worth measuring: than the
@@ -251,46 +257,6 @@ class OptimizedFunction:
             if fitting:
                 return min(fitting, key=lambda p: p[0].measured_recompute_flops), None
         return None, min(measured_plans, key=lambda p: p[0].measured_peak_bytes, default=None)
-
-    def _loop_plans(self, whole: TracedProgram, scale: float, args: tuple, kwargs: dict,
-                    argnums: tuple[int, ...], nums: Any, measure: Callable[[Callable[..., Any]], int],
-                    baseline_flops: int, plain_peak: int, budget: int) -> list[tuple[Plan, Callable[..., Any]]]:
-        """The loop plans (:mod:`remat_opt.rewrite._loops`) of the scans of ``whole``
-        (the program traced with its loops whole), measured on XLA in order of
-        recomputed FLOPs (counted on each one's jaxpr, before any compile) up to
-        the first that fits ``budget``: the cheapest that fits, and every one
-        cheaper. All of them when none fits (the error names the lowest peak).
-
-        Scans of any length count, unrolled or not: a scan too long to unroll
-        is planned by these alone. The model's prediction for each uses
-        ``scale``, the storage scale calibrated on the program as written
-        (loops and all); the choice is XLA's figure. No solver runs
-        (``solve_seconds`` 0).
-        """
-        lengths = scan_lengths(whole)
-        if not lengths:
-            return []
-        candidates = []
-        for loop in loop_candidates(lengths):
-            program = with_signature(self.fn, whole, loop_program(whole, loop))
-            flops = gradient_flops(program, args, kwargs, nums, self.cost_model, self.has_aux) - baseline_flops
-            candidates.append((flops, loop, program))
-        plans = []
-        for flops, loop, program in sorted(candidates, key=lambda c: c[0]):  # stable: ties keep their order
-            graph = model_graph(trace(program, args, kwargs, argnums), self.cost_model)
-            graph = dataclasses.replace(graph, plain_storage_scale=scale)
-            sim = simulate(graph, Schedule(plain=True))
-            measured = measure(program)
-            # Chosen among a finite family by measurement: no bound but 0 FLOPs.
-            plan = dataclasses.replace(
-                self._plan(graph, sim, Schedule(plain=True), measured, plain_peak, flops, baseline_flops,
-                           "FEASIBLE" if flops > 0 else "OPTIMAL", 1.0 if flops > 0 else 0.0, 0.0, 1),
-                recompute_flops=flops, loop_plan=loop,
-            )
-            plans.append((plan, program))
-            if measured <= budget:
-                break
-        return plans
 
     def _solve_schedule(self, graph: ProgramGraph, budget: int, args: tuple, kwargs: dict, nums: Any,
                         measure: Callable[[Callable[..., Any]], int], baseline_flops: int,

@@ -291,7 +291,7 @@ def _live_eqns(jaxpr: core.Jaxpr, live_out: Sequence[bool]) -> list[bool]:
     return flags
 
 
-def _loop_tangents(
+def loop_tangents(
     body: core.Jaxpr, consts: list[bool], carry: list[bool], xs: list[bool]
 ) -> tuple[list[bool], list[bool]]:
     """Carry and extensive-output tangents of a loop body (inputs: consts, carry, xs;
@@ -332,12 +332,12 @@ def _tangents(jaxpr: core.Jaxpr, tangent_in: Sequence[bool], live_out: Sequence[
         elif name == "while":
             nc, nb = eqn.params["cond_nconsts"], eqn.params["body_nconsts"]
             body = _as_open(eqn.params["body_jaxpr"])
-            outs, _ = _loop_tangents(body, t_in[nc : nc + nb], t_in[nc + nb :], [])
+            outs, _ = loop_tangents(body, t_in[nc : nc + nb], t_in[nc + nb :], [])
             if eqn_live and any(outs):
                 raise UnsupportedProgramError(name, _source(eqn), _WHILE_HINT)
         elif name == "scan":
             n_consts, n_carry = scan_counts(eqn.params)
-            carry, ys = _loop_tangents(
+            carry, ys = loop_tangents(
                 _as_open(eqn.params["jaxpr"]),
                 t_in[:n_consts],
                 t_in[n_consts : n_consts + n_carry],

@@ -11,6 +11,11 @@ measurement:
 * ``policy``: the scan body under ``jax.checkpoint`` with one of JAX's
   built-in policies (``None``: the body as written). XLA honours remat inside a
   loop body: the recomputation lives in the backward loop (docs/xla_findings.md §2).
+* ``saved``: the scan body under ``jax.checkpoint`` with
+  ``save_only_these_names(*saved)``, its values named as the graph names them
+  (:mod:`remat_opt.program._names`, on the body flattened as
+  :mod:`remat_opt.program._scan_body` flattens it): a saved set CP-SAT chose
+  (:mod:`remat_opt.solve._body`), or names the user gave with ``checkpoint_name``.
 * ``chunks``: the iterations nested in ``chunks`` groups, each group an inner
   scan checkpointed whole, so the forward stores one carry per group and the
   backward recomputes one group at a time (Chen's sqrt(n) on a loop).
@@ -32,6 +37,8 @@ from jax._src import core
 from jax.extend.core import ClosedJaxpr
 
 from ._policies import POLICIES
+from ..program._names import eval_program
+from ..program._scan_body import flat_body
 from ..program._trace import TracedProgram, eval_eqn, read_atom, scan_counts
 
 
@@ -45,13 +52,23 @@ class LoopPlan:
             body as written.
         chunks: the iterations run as ``chunks`` groups, each an inner scan
             under ``jax.checkpoint`` that saves nothing (1: no nesting).
+        saved: if set (``policy`` is then ``None``), the body runs under
+            ``jax.checkpoint`` saving only the values of these names.
     """
 
     policy: str | None
     chunks: int = 1
+    saved: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.policy is not None and self.saved is not None:
+            raise ValueError("A loop plan has a built-in policy or a saved set, not both.")
 
     def __str__(self) -> str:
-        body = "body as written" if self.policy is None else f"body under {self.policy}"
+        if self.saved is not None:
+            body = f"body saving {len(self.saved)} named value{'s' if len(self.saved) != 1 else ''}"
+        else:
+            body = "body as written" if self.policy is None else f"body under {self.policy}"
         nesting = "" if self.chunks == 1 else f", iterations in {self.chunks} checkpointed groups"
         return f"scan kept as a loop, {body}{nesting}"
 
@@ -101,12 +118,19 @@ def _planned_scan(eqn: core.JaxprEqn, invals: Sequence[Any], plan: LoopPlan) -> 
     consts = list(invals[:n_consts])
     carry, xs = tuple(invals[n_consts : n_consts + n_carry]), tuple(invals[n_consts + n_carry :])
 
+    named = flat_body(body_jaxpr) if plan.saved is not None else None
+
     def body(c: tuple, x: tuple) -> tuple[tuple, tuple]:
-        outs = core.eval_jaxpr(body_jaxpr.jaxpr, body_jaxpr.consts, *consts, *c, *x)
+        if named is not None:
+            outs = eval_program(named, [*consts, *c, *x])
+        else:
+            outs = core.eval_jaxpr(body_jaxpr.jaxpr, body_jaxpr.consts, *consts, *c, *x)
         return tuple(outs[:n_carry]), tuple(outs[n_carry:])
 
     if plan.policy is not None:
         body = jax.checkpoint(body, policy=POLICIES[plan.policy])
+    elif plan.saved is not None:
+        body = jax.checkpoint(body, policy=jax.checkpoint_policies.save_only_these_names(*plan.saved))
     chunks = plan.chunks if 1 < plan.chunks < length and length % plan.chunks == 0 else 1
     if chunks == 1:
         carry, ys = lax.scan(body, carry, xs, length=length, reverse=reverse)

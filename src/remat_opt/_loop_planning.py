@@ -1,0 +1,175 @@
+"""Plans for scans kept as loops, each measured on XLA.
+
+Two families (:class:`remat_opt.rewrite._loops.LoopPlan`):
+
+* :func:`loop_plans`: the plans users write by hand on a loop, JAX's built-in
+  policies on the body, with and without sqrt(n) nesting of the iterations.
+  No solver: a finite family, measured in order of recomputed FLOPs up to the
+  first that fits.
+* :func:`body_plans`: what the body saves, chosen by CP-SAT over the body's
+  own graph (:mod:`remat_opt.solve._body`), under the budget. The memory one
+  iteration may keep is read off XLA: the program saving nothing in the body
+  is measured first (``P0``), and a saved set of ``b`` bytes per iteration is
+  expected to cost ``P0 + length * b`` at first. Each chosen set is measured:
+  over the budget, the next cap is under it by the overshoot (and 1% of the
+  budget) per iteration; under it by more than :data:`TIGHT`, over it by what
+  is left. XLA often keeps less than the saved bytes suggest (a saved value
+  can spare the backward a buffer of its own), so when the solver returns a
+  set already measured, the step is doubled, up to 8 times what is left,
+  and the measurement decides. The loop stays a loop: every compile
+  costs what one compile of the program costs, whatever the depth, and the
+  solve's size is the body's.
+
+Both return every plan they measured; the planner keeps the one that fits
+with the fewest recomputed FLOPs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ._budget import format_bytes
+from ._plan import Plan
+from ._schedule import Schedule, Simulation
+from .memory._facts import model_graph
+from .memory._measure import gradient_flops
+from .memory._simulate import simulate
+from .program._cost import CostModel
+from .program._graph import ProgramGraph, build_graph
+from .program._scan_body import scan_body
+from .program._trace import TracedProgram, trace, with_signature
+from .rewrite._loops import LoopPlan, loop_candidates, loop_program, planned_scans, scan_lengths
+from .solve._body import choose_saved
+from .solve._solve import SolverOptions
+
+logger = logging.getLogger("remat_opt")
+
+TIGHT = 0.005
+"""A fitting saved set within this share of the budget ends the search; one
+further under it is re-solved with the cap loosened by XLA's figure."""
+
+MakePlan = Callable[[ProgramGraph, Simulation, int, int, str, float, float, int], Plan]
+"""``(graph, sim, measured_peak, recompute_flops, status, gap, seconds, attempts) -> Plan``."""
+
+
+@dataclass(frozen=True)
+class LoopSearch:
+    """What every loop plan of one call is built, counted and measured with.
+
+    Attributes:
+        fn: the user's function.
+        whole: ``fn`` traced with its scans whole.
+        args, kwargs, argnums, nums: the call, and its differentiated arguments
+            (normalized, and as ``jax.grad`` takes them).
+        cost_model: FLOPs per equation (``None``: the default).
+        has_aux: ``fn`` returns ``(loss, aux)``.
+        scale: the storage scale calibrated on ``whole`` as written.
+        baseline_flops: FLOPs of the plain gradient step.
+        budget: the budget in bytes.
+        measure: XLA's peak of a program's gradient step.
+        make_plan: a :class:`Plan` from a measured candidate.
+    """
+
+    fn: Callable[..., Any]
+    whole: TracedProgram
+    args: tuple
+    kwargs: dict
+    argnums: tuple[int, ...]
+    nums: Any
+    cost_model: CostModel | None
+    has_aux: bool
+    scale: float
+    baseline_flops: int
+    budget: int
+    measure: Callable[[Callable[..., Any]], int]
+    make_plan: MakePlan
+
+    def program(self, loop: LoopPlan) -> tuple[int, Callable[..., Any]]:
+        """``loop`` applied to ``fn``, and the FLOPs it recomputes (counted on its jaxpr)."""
+        program = with_signature(self.fn, self.whole, loop_program(self.whole, loop))
+        flops = gradient_flops(program, self.args, self.kwargs, self.nums, self.cost_model, self.has_aux)
+        return flops - self.baseline_flops, program
+
+    def plan(self, loop: LoopPlan, program: Callable[..., Any], flops: int, measured: int,
+             status: str, gap: float, seconds: float, attempts: int) -> Plan:
+        """The :class:`Plan` of a measured loop plan; the model's prediction uses ``scale``."""
+        graph = model_graph(trace(program, self.args, self.kwargs, self.argnums), self.cost_model)
+        graph = dataclasses.replace(graph, plain_storage_scale=self.scale)
+        sim = simulate(graph, Schedule(plain=True))
+        plan = self.make_plan(graph, sim, measured, flops, status, gap, seconds, attempts)
+        return dataclasses.replace(plan, recompute_flops=flops, loop_plan=loop)
+
+
+def loop_plans(search: LoopSearch) -> list[tuple[Plan, Callable[..., Any]]]:
+    """The built-in loop plans, measured in order of recomputed FLOPs up to the
+    first that fits the budget: the cheapest that fits, and every one cheaper.
+    All of them when none fits (the error names the lowest peak).
+
+    Scans of any length count, unrolled or not: a scan too long to unroll is
+    planned by these and :func:`body_plans` alone.
+    """
+    lengths = scan_lengths(search.whole)
+    if not lengths:
+        return []
+    candidates = [(*search.program(loop), loop) for loop in loop_candidates(lengths)]
+    plans = []
+    for flops, program, loop in sorted(candidates, key=lambda c: c[0]):  # stable: ties keep their order
+        measured = search.measure(program)
+        # Chosen among a finite family by measurement: no bound but 0 FLOPs.
+        status, gap = ("FEASIBLE", 1.0) if flops > 0 else ("OPTIMAL", 0.0)
+        plans.append((search.plan(loop, program, flops, measured, status, gap, 0.0, 1), program))
+        if measured <= search.budget:
+            break
+    return plans
+
+
+def body_plans(search: LoopSearch, options: SolverOptions, max_attempts: int) -> list[tuple[Plan, Callable[..., Any]]]:
+    """Saved sets CP-SAT chose for the body of the program's one planned scan,
+    each measured on XLA (see the module's docstring). None for a program
+    with no planned scan or several (their bodies would share one budget)."""
+    positions = planned_scans(search.whole)
+    if len(positions) != 1:
+        return []
+    body = scan_body(search.whole, positions[0])
+    graph = build_graph(body.program, search.cost_model)
+    flops, program = search.program(LoopPlan(None, saved=()))
+    floor = search.measure(program)
+    plans = [(search.plan(LoopPlan(None, saved=()), program, flops, floor, "OPTIMAL", 0.0, 0.0, 1), program)]
+    logger.info("scan body: %d equations, %d iterations; saving nothing in it peaks at %s on XLA",
+                len(graph.units), body.length, format_bytes(floor))
+    cap, seen, stretch, compiles = (search.budget - floor) // body.length, {()}, 1, 0
+    for _ in range(3 * max_attempts):  # solves; compiles are fewer (a repeated set is not measured)
+        if cap <= 0 or compiles == max_attempts:
+            break
+        start = time.perf_counter()
+        choice = choose_saved(graph, cap, options)
+        seconds = time.perf_counter() - start
+        if choice.saved in seen:  # the same set again: reach further, or stop
+            if stretch >= 8 or measured > search.budget:
+                break
+            stretch *= 2
+            cap = choice.saved_bytes + stretch * (search.budget - measured) // body.length
+            continue
+        seen.add(choice.saved)
+        compiles += 1
+        loop = LoopPlan(None, saved=choice.saved)
+        flops, program = search.program(loop)
+        measured = search.measure(program)
+        logger.info("scan body, solve %d of %d: %d values saved (%s per iteration, %s), XLA %s (budget %s)",
+                    compiles, max_attempts, len(choice.saved), format_bytes(choice.saved_bytes), choice.status,
+                    format_bytes(measured), format_bytes(search.budget))
+        plans.append((search.plan(loop, program, flops, measured, choice.status, choice.gap, seconds, compiles),
+                      program))
+        if search.budget - TIGHT * search.budget <= measured <= search.budget:
+            break
+        if measured > search.budget:  # under this set by the overshoot and a margin
+            over = measured - search.budget + search.budget // 100
+            cap, stretch = choice.saved_bytes - -(-over // body.length), 1
+        else:  # over it by the budget left, stretched when sets repeat
+            cap = choice.saved_bytes + stretch * (search.budget - measured) // body.length
+    return plans
