@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.ad_checkpoint import checkpoint_name
 
 from ._spec import ModelSpec, normal, numpy_rng, to_jax
 
@@ -123,12 +124,16 @@ def init(config: GPTConfig, key: jax.Array) -> tuple[Params, Batch]:
     return to_jax((params, {"tokens": seq[:, :-1], "targets": seq[:, 1:]}))
 
 
-def block(layer_params: Params, x: jax.Array) -> jax.Array:
+def block(layer_params: Params, x: jax.Array, *, names: bool = False) -> jax.Array:
     """One pre-LN transformer block with causal multi-head self-attention.
 
     Args:
         layer_params: One entry of ``params["layers"]``.
         x: Residual stream of shape ``(batch, seq, d_model)``.
+        names: Tag the projections with MaxText's names (``checkpoint_name``)
+            (``query_proj``, ``key_proj``, ``value_proj``, ``context``, ``out_proj``,
+            ``mlpwi``, ``mlpwo``), as MaxText's decoder layers do, so that its
+            remat recipes (:mod:`remat_opt.baselines._maxtext`) apply. Same values.
 
     Returns:
         The updated residual stream, same shape as ``x``.
@@ -136,19 +141,20 @@ def block(layer_params: Params, x: jax.Array) -> jax.Array:
     p = layer_params
     seq = x.shape[1]
     head_dim = p["w_q"].shape[-1]
+    tag = checkpoint_name if names else (lambda value, _: value)
     h = _layer_norm(x, p["ln1_scale"], p["ln1_bias"])
-    q = jnp.einsum("bsd,dhe->bhse", h, p["w_q"]) + p["b_q"][:, None, :]
-    k = jnp.einsum("bsd,dhe->bhse", h, p["w_k"]) + p["b_k"][:, None, :]
-    v = jnp.einsum("bsd,dhe->bhse", h, p["w_v"]) + p["b_v"][:, None, :]
+    q = tag(jnp.einsum("bsd,dhe->bhse", h, p["w_q"]) + p["b_q"][:, None, :], "query_proj")
+    k = tag(jnp.einsum("bsd,dhe->bhse", h, p["w_k"]) + p["b_k"][:, None, :], "key_proj")
+    v = tag(jnp.einsum("bsd,dhe->bhse", h, p["w_v"]) + p["b_v"][:, None, :], "value_proj")
     scores = jnp.einsum("bhqe,bhke->bhqk", q, k) / math.sqrt(head_dim)
     causal = jnp.tril(jnp.ones((seq, seq), dtype=bool))
     scores = jnp.where(causal, scores, jnp.finfo(scores.dtype).min)
     probs = jax.nn.softmax(scores, axis=-1)
-    attn = jnp.einsum("bhqk,bhke->bqhe", probs, v)
-    x = x + jnp.einsum("bqhe,hed->bqd", attn, p["w_o"]) + p["b_o"]
+    attn = tag(jnp.einsum("bhqk,bhke->bqhe", probs, v), "context")
+    x = x + tag(jnp.einsum("bqhe,hed->bqd", attn, p["w_o"]), "out_proj") + p["b_o"]
     h = _layer_norm(x, p["ln2_scale"], p["ln2_bias"])
-    h = jax.nn.gelu(h @ p["w_fc"] + p["b_fc"])
-    return x + h @ p["w_proj"] + p["b_proj"]
+    h = jax.nn.gelu(tag(h @ p["w_fc"] + p["b_fc"], "mlpwi"))
+    return x + tag(h @ p["w_proj"], "mlpwo") + p["b_proj"]
 
 
 def _embed(params: Params, tokens: jax.Array) -> jax.Array:
@@ -202,6 +208,7 @@ def scan_loss(
     *,
     body_policy: Callable[..., bool] | None = None,
     groups: int = 1,
+    names: bool = True,
 ) -> jax.Array:
     """:func:`loss` with the blocks run by ``lax.scan`` over stacked layer params.
 
@@ -215,6 +222,8 @@ def scan_loss(
         batch: As returned by :func:`init`.
         body_policy: If given, the body runs under ``jax.checkpoint`` with it.
         groups: Must divide the number of layers; ``1`` means one flat scan.
+        names: The blocks tag their projections with MaxText's names
+            (:func:`block`), so a ``save_only_these_names`` policy can name them.
 
     Returns:
         Scalar float32 loss, equal to :func:`loss` on the unstacked params.
@@ -222,7 +231,7 @@ def scan_loss(
     h = _embed(params, batch["tokens"])
 
     def body(x: jax.Array, layer_params: Params) -> tuple[jax.Array, None]:
-        return block(layer_params, x), None
+        return block(layer_params, x, names=names), None
 
     if body_policy is not None:
         body = jax.checkpoint(body, policy=body_policy)
