@@ -105,10 +105,11 @@ class LoopSearch:
         return dataclasses.replace(plan, recompute_flops=flops, loop_plan=loop)
 
 
-def loop_plans(search: LoopSearch) -> list[tuple[Plan, Callable[..., Any]]]:
+def loop_plans(search: LoopSearch, ceiling_flops: int | None = None) -> list[tuple[Plan, Callable[..., Any]]]:
     """The built-in loop plans, measured in order of recomputed FLOPs up to the
     first that fits the budget: the cheapest that fits, and every one cheaper.
-    All of them when none fits (the error names the lowest peak).
+    All of them when none fits (the error names the lowest peak). Only those
+    recomputing fewer than ``ceiling_flops`` (a plan that already fits) are measured.
 
     Scans of any length count, unrolled or not: a scan too long to unroll is
     planned by these and :func:`body_plans` alone.
@@ -117,6 +118,8 @@ def loop_plans(search: LoopSearch) -> list[tuple[Plan, Callable[..., Any]]]:
     if not lengths:
         return []
     candidates = [(*search.program(loop), loop) for loop in loop_candidates(lengths)]
+    if ceiling_flops is not None:
+        candidates = [c for c in candidates if c[0] < ceiling_flops]
     plans = []
     for flops, program, loop in sorted(candidates, key=lambda c: c[0]):  # stable: ties keep their order
         measured = search.measure(program)

@@ -165,7 +165,11 @@ class OptimizedFunction:
 
         search = LoopSearch(self.fn, whole, args, kwargs, argnums, nums, self.cost_model, self.has_aux,
                             whole_graph.plain_storage_scale, baseline_flops, budget, measure, make_plan)
-        loops = [*loop_plans(search), *body_plans(search, self.solver_options, self.max_attempts)]
+        # CP-SAT's body plans first: a built-in loop plan is measured only if it recomputes less.
+        bodies = body_plans(search, self.solver_options, self.max_attempts)
+        body_ceiling = min((p.measured_recompute_flops for p, _ in bodies if p.measured_peak_bytes <= budget),
+                           default=None)
+        loops = [*bodies, *loop_plans(search, body_ceiling)]
         best_loop = min((lp for lp in loops if lp[0].measured_peak_bytes <= budget),
                         key=lambda lp: lp[0].measured_recompute_flops, default=None)
         # Only a schedule cheaper than what already fits is worth measuring: than the
