@@ -58,6 +58,30 @@ MakePlan = Callable[[ProgramGraph, Simulation, int, int, str, float, float, int]
 
 
 @dataclass(frozen=True)
+class LoopCandidate:
+    """A loop plan measured on XLA, with what its :class:`Plan` reports.
+
+    Attributes:
+        loop: the loop plan.
+        program: ``fn`` with it applied.
+        flops: FLOPs it recomputes (counted on its jaxpr).
+        measured: XLA's peak of its gradient step.
+        status, gap, seconds, attempts: the solver's verdict, its time and the
+            solves it took (a built-in plan: ``"FEASIBLE"``, gap 1, unless it
+            recomputes nothing).
+    """
+
+    loop: LoopPlan
+    program: Callable[..., Any]
+    flops: int
+    measured: int
+    status: str
+    gap: float
+    seconds: float
+    attempts: int
+
+
+@dataclass(frozen=True)
 class LoopSearch:
     """What every loop plan of one call is built, counted and measured with.
 
@@ -95,17 +119,17 @@ class LoopSearch:
         flops = gradient_flops(program, self.args, self.kwargs, self.nums, self.cost_model, self.has_aux)
         return flops - self.baseline_flops, program
 
-    def plan(self, loop: LoopPlan, program: Callable[..., Any], flops: int, measured: int,
-             status: str, gap: float, seconds: float, attempts: int) -> Plan:
-        """The :class:`Plan` of a measured loop plan; the model's prediction uses ``scale``."""
-        graph = model_graph(trace(program, self.args, self.kwargs, self.argnums), self.cost_model)
+    def plan(self, c: LoopCandidate) -> Plan:
+        """The :class:`Plan` of a measured loop plan (built for the one chosen: it
+        traces the program and models it); the model's prediction uses ``scale``."""
+        graph = model_graph(trace(c.program, self.args, self.kwargs, self.argnums), self.cost_model)
         graph = dataclasses.replace(graph, plain_storage_scale=self.scale)
         sim = simulate(graph, Schedule(plain=True))
-        plan = self.make_plan(graph, sim, measured, flops, status, gap, seconds, attempts)
-        return dataclasses.replace(plan, recompute_flops=flops, loop_plan=loop)
+        plan = self.make_plan(graph, sim, c.measured, c.flops, c.status, c.gap, c.seconds, c.attempts)
+        return dataclasses.replace(plan, recompute_flops=c.flops, loop_plan=c.loop)
 
 
-def loop_plans(search: LoopSearch, ceiling_flops: int | None = None) -> list[tuple[Plan, Callable[..., Any]]]:
+def loop_plans(search: LoopSearch, ceiling_flops: int | None = None) -> list[LoopCandidate]:
     """The built-in loop plans, measured in order of recomputed FLOPs up to the
     first that fits the budget: the cheapest that fits, and every one cheaper.
     All of them when none fits (the error names the lowest peak). Only those
@@ -125,13 +149,13 @@ def loop_plans(search: LoopSearch, ceiling_flops: int | None = None) -> list[tup
         measured = search.measure(program)
         # Chosen among a finite family by measurement: no bound but 0 FLOPs.
         status, gap = ("FEASIBLE", 1.0) if flops > 0 else ("OPTIMAL", 0.0)
-        plans.append((search.plan(loop, program, flops, measured, status, gap, 0.0, 1), program))
+        plans.append(LoopCandidate(loop, program, flops, measured, status, gap, 0.0, 1))
         if measured <= search.budget:
             break
     return plans
 
 
-def body_plans(search: LoopSearch, options: SolverOptions, max_attempts: int) -> list[tuple[Plan, Callable[..., Any]]]:
+def body_plans(search: LoopSearch, options: SolverOptions, max_attempts: int) -> list[LoopCandidate]:
     """Saved sets CP-SAT chose for the body of the program's one planned scan,
     each measured on XLA (see the module's docstring). None for a program
     with no planned scan or several (their bodies would share one budget)."""
@@ -142,7 +166,7 @@ def body_plans(search: LoopSearch, options: SolverOptions, max_attempts: int) ->
     graph = build_graph(body.program, search.cost_model)
     flops, program = search.program(LoopPlan(None, saved=()))
     floor = search.measure(program)
-    plans = [(search.plan(LoopPlan(None, saved=()), program, flops, floor, "OPTIMAL", 0.0, 0.0, 1), program)]
+    plans = [LoopCandidate(LoopPlan(None, saved=()), program, flops, floor, "OPTIMAL", 0.0, 0.0, 1)]
     logger.info("scan body: %d equations, %d iterations; saving nothing in it peaks at %s on XLA",
                 len(graph.units), body.length, format_bytes(floor))
     cap, seen, stretch, compiles = (search.budget - floor) // body.length, {()}, 1, 0
@@ -166,8 +190,7 @@ def body_plans(search: LoopSearch, options: SolverOptions, max_attempts: int) ->
         logger.info("scan body, solve %d of %d: %d values saved (%s per iteration, %s), XLA %s (budget %s)",
                     compiles, max_attempts, len(choice.saved), format_bytes(choice.saved_bytes), choice.status,
                     format_bytes(measured), format_bytes(search.budget))
-        plans.append((search.plan(loop, program, flops, measured, choice.status, choice.gap, seconds, compiles),
-                      program))
+        plans.append(LoopCandidate(loop, program, flops, measured, choice.status, choice.gap, seconds, compiles))
         if search.budget - TIGHT * search.budget <= measured <= search.budget:
             break
         if measured > search.budget:  # under this set by the overshoot and a margin

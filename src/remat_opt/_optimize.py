@@ -167,11 +167,10 @@ class OptimizedFunction:
                             whole_graph.plain_storage_scale, baseline_flops, budget, measure, make_plan)
         # CP-SAT's body plans first: a built-in loop plan is measured only if it recomputes less.
         bodies = body_plans(search, self.solver_options, self.max_attempts)
-        body_ceiling = min((p.measured_recompute_flops for p, _ in bodies if p.measured_peak_bytes <= budget),
-                           default=None)
+        body_ceiling = min((c.flops for c in bodies if c.measured <= budget), default=None)
         loops = [*bodies, *loop_plans(search, body_ceiling)]
-        best_loop = min((lp for lp in loops if lp[0].measured_peak_bytes <= budget),
-                        key=lambda lp: lp[0].measured_recompute_flops, default=None)
+        cheapest = min((c for c in loops if c.measured <= budget), key=lambda c: c.flops, default=None)
+        best_loop = None if cheapest is None else (search.plan(cheapest), cheapest.program)
         # Only a schedule cheaper than what already fits is worth measuring: than the
         # best loop plan (a schedule as cheap wins the tie), then than CP-SAT's.
         loop_ceiling = best_loop[0].measured_recompute_flops + 1 if best_loop is not None else None
@@ -189,7 +188,7 @@ class OptimizedFunction:
         if choices:
             return min(choices, key=lambda p: p[0].measured_recompute_flops)
         # Nothing fits: the error names the lowest peak XLA measured for any plan.
-        lowest = [(p[0].measured_peak_bytes, f"{p[0].loop_plan}") for p in loops]
+        lowest = [(c.measured, f"{c.loop}") for c in loops]
         if lowest_other is not None:
             depth = lowest_other[0].schedule.depth()
             lowest.append((lowest_other[0].measured_peak_bytes,
