@@ -40,6 +40,7 @@ from .rewrite._loops import loop_program
 from .memory._measure import abstract, gradient_flops, peak_bytes
 from .memory._simulate import calibrate, simulate
 from .solve._nesting import nested_candidates
+from .solve._policy_saves import policy_schedules
 from .memory._once import once_values
 from ._plan import Plan, annotate
 from .rewrite._apply import apply_schedule
@@ -223,15 +224,17 @@ class OptimizedFunction:
         lowest-memory one XLA measured, for the error when nothing fits.
 
         The schedules: nested trees (:mod:`remat_opt.solve._nesting`), which the CP-SAT
-        model does not encode, and Chen's segmentations, which it does but may
-        misjudge (the model is conservative on heavily segmented plans, so
+        model does not encode, and Chen's segmentations, bare and with every dot
+        saved as a fenced per-layer ``dots_saveable`` would (:mod:`remat_opt.solve._policy_saves`),
+        which it does but may misjudge (the model is conservative on heavily segmented plans, so
         CP-SAT can pass over one that XLA fits). The model ranks, XLA decides.
         First those the model puts within :attr:`MODEL_SLACK` of the budget, the
         cheapest first; then, when nothing else fits (no ceiling), those the
         model puts lowest. At most :attr:`MEASURED_CANDIDATES` of each are measured.
         """
         started = time.perf_counter()
-        schedules = {s: None for s in (*nested_candidates(graph), *chen_schedules(graph))}
+        chen = chen_schedules(graph)
+        schedules = {s: None for s in (*nested_candidates(graph), *chen, *policy_schedules(graph, chen))}
         sims = [(s, simulate(graph, s)) for s in schedules]
         seconds = time.perf_counter() - started
         key = lambda t: (t[1].recompute_flops, sorted(t[0].all_cuts()))  # noqa: E731
