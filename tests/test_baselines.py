@@ -15,6 +15,7 @@ from remat_opt.memory._measure import gradient_flops, memory_of
 from remat_opt.memory._simulate import calibrate, simulate
 from remat_opt.rewrite._apply import apply_schedule
 from remat_opt.rewrite._policies import POLICIES
+from remat_opt.rewrite._rewrite import fenced_checkpoint
 from remat_opt.program._trace import trace
 from remat_opt.zoo import MODELS, GPTConfig, UNetConfig
 
@@ -73,12 +74,16 @@ def independent_program(strategy, loss, graph, plan):
     if kind == "layer_checkpoint":
         policy = getattr(jax.checkpoint_policies, name)
         return functools.partial(loss, layer_wrapper=lambda f: jax.checkpoint(f, policy=policy))
+    if kind == "fenced_layer_checkpoint":
+        policy = getattr(jax.checkpoint_policies, name)
+        return functools.partial(loss, layer_wrapper=lambda f: fenced_checkpoint(f, (), policy=policy))
     return apply_schedule(loss, graph, plan.schedule)
 
 
 def test_every_strategy_is_present(plans):
     expected = {"no_remat", "megatron_selective", "chen_sqrt_n", "chen_greedy", "revolve"}
-    expected |= {f"{kind}/{p}" for kind in ("checkpoint", "layer_checkpoint") for p in POLICIES_TESTED}
+    expected |= {f"{kind}/{p}" for kind in ("checkpoint", "layer_checkpoint", "fenced_layer_checkpoint")
+                 for p in POLICIES_TESTED}
     assert set(plans) == expected
     assert set(POLICIES) == {"nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable",
                              "everything_saveable"}
@@ -136,7 +141,8 @@ def test_predictions(graph, plans):
     assert no_remat.schedule == Schedule(plain=True)
     assert no_remat.predicted_peak_bytes == simulate(graph, Schedule(plain=True)).peak_bytes
     for strategy, plan in plans.items():
-        if strategy.startswith(("checkpoint/", "layer_checkpoint/")) or strategy == "megatron_selective":
+        if strategy.startswith(("checkpoint/", "layer_checkpoint/", "fenced_layer_checkpoint/")) \
+                or strategy == "megatron_selective":
             assert plan.predicted_peak_bytes is None and plan.schedule is None and plan.num_segments is None
     for strategy in ("chen_sqrt_n", "chen_greedy", "revolve"):
         plan = plans[strategy]

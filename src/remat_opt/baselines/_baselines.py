@@ -462,7 +462,9 @@ def all_baselines(
     Returns:
         Plans in this order: ``no_remat``; ``checkpoint/<policy>`` for each
         policy; ``layer_checkpoint/<policy>`` for each policy;
-        ``megatron_selective``; ``chen_sqrt_n``; ``chen_greedy``.
+        ``fenced_layer_checkpoint/<policy>`` for each policy (the same, with
+        remat_opt's fence around each layer's backward); ``megatron_selective``;
+        ``chen_sqrt_n``; ``chen_greedy``; ``revolve``.
 
     Raises:
         TypeError: ``model`` is neither a ModelSpec nor a callable taking ``layer_wrapper``.
@@ -483,6 +485,8 @@ def all_baselines(
     plans = [_no_remat(ref)]
     plans += [policy_plan(ref, f"checkpoint/{p}", policy_program(loss, p)) for p in policies]
     plans += [policy_plan(ref, f"layer_checkpoint/{p}", prog) for p, prog in layer_programs.items()]
+    plans += [policy_plan(ref, f"fenced_layer_checkpoint/{p}", layer_policy_program(loss, p, fenced=True))
+              for p in policies]
     same = "layer_checkpoint/dots_with_no_batch_dims_saveable"
     megatron = next((p for p in plans if p.strategy == same), None)
     if megatron is not None:  # The same program: measured once.

@@ -3,7 +3,8 @@
 Around the whole function (:func:`policy_program`) or around each layer
 through the zoo's ``layer_wrapper`` convention (:func:`layer_policy_program`).
 Plain ``jax.checkpoint``, unfenced: on XLA:CPU it is often undone by CSE and
-scheduling (docs/xla_findings.md §1), which is what the baselines show.
+scheduling (docs/xla_findings.md §1), which is what the baselines show; per
+layer, also fenced, as a user could write it with remat_opt's fence.
 """
 
 from __future__ import annotations
@@ -35,8 +36,13 @@ def policy_program(fn: Callable[..., Any], policy: str) -> Callable[..., Any]:
     return jax.checkpoint(fn, policy=policy_by_name(policy))
 
 
-def layer_policy_program(loss: Callable[..., Any], policy: str) -> Callable[..., Any]:
+def layer_policy_program(loss: Callable[..., Any], policy: str, fenced: bool = False) -> Callable[..., Any]:
     """``loss`` with ``jax.checkpoint(layer, policy=...)`` around each layer.
+
+    With ``fenced``, each layer's backward is fenced as remat_opt's own
+    segments are (:func:`remat_opt.rewrite._rewrite.fenced_checkpoint`), so XLA
+    cannot merge the recomputation back into the forward: the per-layer plan a
+    user can write with that fence.
 
     Raises:
         TypeError: ``loss`` takes no ``layer_wrapper`` keyword argument.
@@ -54,4 +60,8 @@ def layer_policy_program(loss: Callable[..., Any], policy: str) -> Callable[...,
             f"per-layer policy; got {loss!r}. Use checkpoint_policy for the whole function."
         )
     pol = policy_by_name(policy)
+    if fenced:
+        from ._rewrite import fenced_checkpoint  # deferred: _rewrite imports the memory model
+
+        return functools.partial(loss, layer_wrapper=lambda layer: fenced_checkpoint(layer, (), policy=pol))
     return functools.partial(loss, layer_wrapper=lambda layer: jax.checkpoint(layer, policy=pol))

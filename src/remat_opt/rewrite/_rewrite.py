@@ -71,6 +71,7 @@ def fenced_checkpoint(
     saved_names: Sequence[str],
     differentiable: Sequence[bool] | None = None,
     probe_output: bool = True,
+    policy: Callable[..., bool] | None = None,
 ) -> Callable[..., Any]:
     """``jax.checkpoint(fn)`` whose backward runs only once its cotangent exists.
 
@@ -94,11 +95,13 @@ def fenced_checkpoint(
             (a ``while`` loop on a ``stop_gradient`` value, say). All by default.
         probe_output: whether the predicate also reads the segment's output;
             needed when no later computation reads any of its outputs.
+        policy: a ``jax.checkpoint`` policy to use instead of ``saved_names``
+            (a built-in one, for the fenced per-layer baselines).
 
     Returns:
         A function with ``fn``'s signature and values.
     """
-    policy = jax.checkpoint_policies.save_only_these_names(*saved_names)
+    policy = policy or jax.checkpoint_policies.save_only_these_names(*saved_names)
     remat = jax.checkpoint(fn, policy=policy, prevent_cse=False)
 
     @jax.custom_vjp
