@@ -53,9 +53,9 @@ import remat_opt
 from remat_opt.memory._measure import gradient_flops
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, MiB, command, grad_error_over_tolerance, stamp, write_csv  # noqa: E402
-from heldout import NO_BUDGET, SCHEDULES, SOLVER, source  # noqa: E402
-from heldout_programs import PROGRAMS, Program  # noqa: E402
+from common import RESULTS, MiB, command, grad_error_over_tolerance, stamp, write_csv
+from heldout import NO_BUDGET, SCHEDULES, SOLVER, source
+from heldout_programs import PROGRAMS, Program
 
 FRACTIONS = (0.8, 0.6, 0.4)
 # Each library program, and its own per-block remat (the factory's remat_policy knob).
@@ -170,11 +170,14 @@ def run_program(name: str, fractions: tuple[float, ...], policies: tuple[str, ..
         except Exception as err:  # noqa: BLE001 - recorded with its traceback; the run goes on
             row = failed(row, err)
         row["seconds"] = round(time.perf_counter() - t, 1)
-        print(f"  remat_opt at {fraction:.1f} ({budget / MiB:.2f} MiB): " + (
-            f"refused, min budget {row['min_budget_bytes'] / MiB:.2f} MiB" if row.get("min_budget_bytes")
-            else f"{row['xla_peak'] / MiB:.2f} MiB, +{row['recompute_flops_pct']:.1f}% FLOPs, "
-                 f"gradient error {row['grad_error']:.2g} x tol" if row.get("xla_peak") else row.get("exception", "")
-        ) + f", {row['seconds']:.0f} s", flush=True)
+        if row.get("min_budget_bytes"):
+            outcome = f"refused, min budget {row['min_budget_bytes'] / MiB:.2f} MiB"
+        elif row.get("xla_peak"):
+            outcome = (f"{row['xla_peak'] / MiB:.2f} MiB, +{row['recompute_flops_pct']:.1f}% FLOPs, "
+                       f"gradient error {row['grad_error']:.2g} x tol")
+        else:
+            outcome = row.get("exception", "")
+        print(f"  remat_opt at {fraction:.1f} ({budget / MiB:.2f} MiB): {outcome}, {row['seconds']:.0f} s", flush=True)
         rows.append(row)
     print(f"  {name} done in {time.perf_counter() - start:.0f} s", flush=True)
     return rows
@@ -191,8 +194,9 @@ def table(rows: list[dict]) -> str:
     def cell(r: dict | None) -> str:
         return "none fits" if r is None else f"{r['method']} {r['xla_peak'] / MiB:.2f} MiB +{r['recompute_flops_pct']:.1f}%"
 
-    lines = [f"{'program':20s} {'frac':>4s} {'budget MiB':>10s} | {'remat_opt':34s} | {'best baseline that fits':52s} | "
-             f"{'best library per-block remat that fits':52s} | verdict"]
+    header = (f"{'program':20s} {'frac':>4s} {'budget MiB':>10s} | {'remat_opt':34s} | {'best baseline that fits':52s} | "
+              f"{'best library per-block remat that fits':52s} | verdict")
+    lines = [header]
     keys = dict.fromkeys((r["program"], r["fraction"]) for r in rows if r.get("fraction") is not None)
     for program, fraction in keys:
         group = [r for r in rows if r["program"] == program and r.get("fraction") == fraction]
@@ -223,7 +227,7 @@ def table(rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    split = lambda s: [p for p in s.split(",") if p]  # noqa: E731
+    split = lambda s: [p for p in s.split(",") if p]
     parser.add_argument("--programs", type=split, default=list(LIBRARY_REMAT),
                         help=f"comma-separated, of: {', '.join(LIBRARY_REMAT)}")
     parser.add_argument("--fractions", type=lambda s: tuple(float(f) for f in split(s)), default=FRACTIONS)
