@@ -48,6 +48,18 @@ program every time (weights from fixed seeds) and returns a
 :class:`Program`: the loss, its positional arguments, a description and the
 differentiated ``argnums``. Library programs import their library inside the
 factory, so the registry imports without them.
+
+**The library's own per-block remat.** Each library factory also takes
+``remat_policy``, the name of a ``jax.checkpoint_policies`` policy (default
+``None``: the registered program, unchanged). Given one, it builds the same
+model, with the same arrays as its arguments, with each block under the
+library's own rematerialization as its users write it: ``nnx.remat`` around
+each ViT block, ``eqx.filter_checkpoint`` around each Equinox block,
+``hk.remat`` around each ResNet block (put there by ``hk.intercept_methods``,
+since ``hk.nets.ResNet`` has no remat option of its own) and penzai's
+``gradient_checkpointing.Checkpointed`` around each ``TransformerBlock``
+(placed with ``pz.select``). These variants are baselines
+(``experiments/library_remat.py``), not held-out programs of their own.
 """
 
 from __future__ import annotations
@@ -403,9 +415,27 @@ def gru() -> Program:
 # --- Models from libraries, as their users write them -------------------------------------------
 
 
-def flax_nnx_vit() -> Program:
-    """A small ViT in Flax NNX; the loss merges the parameters into the graph (nnx.split/merge)."""
+def _policy(remat_policy: str | None) -> Callable[..., bool] | None:
+    """The ``jax.checkpoint_policies`` policy named ``remat_policy``; ``None`` for none."""
+    if remat_policy is None:
+        return None
+    policy = getattr(jax.checkpoint_policies, remat_policy, None)
+    if policy is None:
+        raise ValueError(f"remat_policy must name a jax.checkpoint_policies policy (nothing_saveable, ...); "
+                         f"got {remat_policy!r}.")
+    return policy
+
+
+def _remat_note(remat_policy: str | None, how: str) -> str:
+    return "" if remat_policy is None else f"; {how} around each block, policy {remat_policy}"
+
+
+def flax_nnx_vit(remat_policy: str | None = None) -> Program:
+    """A small ViT in Flax NNX; the loss merges the parameters into the graph (nnx.split/merge).
+    With ``remat_policy``, ``nnx.remat`` with that policy around each block."""
     from flax import nnx
+
+    policy = _policy(remat_policy)
 
     batch, size, patch, d, heads, depth, classes = 16, 32, 4, 96, 4, 4, 10
     tokens = (size // patch) ** 2
@@ -436,7 +466,10 @@ def flax_nnx_vit() -> Program:
             cls = jnp.broadcast_to(self.cls[...], (images.shape[0], 1, d))
             x = jnp.concatenate([cls, x], axis=1) + self.pos[...]
             for block in self.blocks:
-                x = block(x)
+                if policy is None:
+                    x = block(x)
+                else:
+                    x = nnx.remat(lambda block, x: block(x), policy=policy)(block, x)
             return self.head(self.ln(x)[:, 0])
 
     model = ViT(nnx.Rngs(0))
@@ -451,13 +484,18 @@ def flax_nnx_vit() -> Program:
 
     return Program(loss, (params, images, labels), f"Flax NNX ViT: {batch}x{size}x{size}x3, {patch}x{patch} "
                    f"patches + class token ({tokens + 1} tokens), width {d}, {heads} heads, {depth} blocks "
-                   "(nnx.MultiHeadAttention, nnx.LayerNorm, nnx.Linear), nnx.split/nnx.merge")
+                   "(nnx.MultiHeadAttention, nnx.LayerNorm, nnx.Linear), nnx.split/nnx.merge"
+                   + _remat_note(remat_policy, "nnx.remat"))
 
 
-def equinox_transformer() -> Program:
+def equinox_transformer(remat_policy: str | None = None) -> Program:
     """An Equinox encoder, written per example and ``jax.vmap``-ed over the batch; the
-    module itself is the differentiated argument (its static leaves as Equinox keeps them)."""
+    module itself is the differentiated argument (its static leaves as Equinox keeps them).
+    With ``remat_policy``, ``eqx.filter_checkpoint`` with that policy around each block
+    (the module and its arrays are the same)."""
     import equinox as eqx
+
+    policy = _policy(remat_policy)
 
     batch, seq, d, heads, depth, vocab = 8, 64, 128, 4, 3, 128
 
@@ -494,7 +532,10 @@ def equinox_transformer() -> Program:
         def __call__(self, tokens):
             x = jax.vmap(self.embed)(tokens)
             for block in self.blocks:
-                x = block(x)
+                if policy is None:
+                    x = block(x)
+                else:
+                    x = eqx.filter_checkpoint(lambda block, x: block(x), policy=policy)(block, x)
             return jax.vmap(self.head)(jax.vmap(self.ln)(x))
 
     model = Encoder(jax.random.PRNGKey(106))
@@ -506,20 +547,34 @@ def equinox_transformer() -> Program:
 
     return Program(loss, (model, tokens, targets), f"Equinox encoder: batch {batch} (jax.vmap of the per-example "
                    f"model), sequence {seq}, width {d}, {heads} heads, {depth} blocks (eqx.nn.MultiheadAttention, "
-                   "eqx.nn.MLP with silu, eqx.nn.LayerNorm); the eqx.Module is the differentiated argument")
+                   "eqx.nn.MLP with silu, eqx.nn.LayerNorm); the eqx.Module is the differentiated argument"
+                   + _remat_note(remat_policy, "eqx.filter_checkpoint"))
 
 
-def haiku_resnet() -> Program:
+def haiku_resnet(remat_policy: str | None = None) -> Program:
     """dm-haiku's ResNet18 configuration at half width, ``hk.transform_with_state``, the
-    loss closing over the batch-norm state (training mode)."""
+    loss closing over the batch-norm state (training mode). With ``remat_policy``,
+    ``hk.remat`` with that policy around each residual block (``hk.intercept_methods``
+    wraps every ``BlockV1``/``BlockV2`` call; the parameters are the same)."""
     import haiku as hk
 
     batch, size = 6, 64
     config = {**hk.nets.ResNet.CONFIGS[18], "channels_per_group": (32, 64, 128, 256)}
+    policy = _policy(remat_policy)
+
+    def remat_blocks(method, args, kwargs, context):
+        if context.method_name != "__call__" or not isinstance(
+                context.module, (hk.nets.ResNet.BlockV1, hk.nets.ResNet.BlockV2)):
+            return method(*args, **kwargs)
+        inputs, *rest = args
+        return hk.remat(lambda x: method(x, *rest, **kwargs), policy=policy)(inputs)
 
     def forward(images, is_training):
-        return hk.nets.ResNet(num_classes=10, initial_conv_config={"output_channels": 32}, **config)(
-            images, is_training=is_training)
+        net = hk.nets.ResNet(num_classes=10, initial_conv_config={"output_channels": 32}, **config)
+        if policy is None:
+            return net(images, is_training=is_training)
+        with hk.intercept_methods(remat_blocks):
+            return net(images, is_training=is_training)
 
     model = hk.transform_with_state(forward)
     key = jax.random.PRNGKey(108)
@@ -533,14 +588,21 @@ def haiku_resnet() -> Program:
 
     return Program(loss, (params, images, labels), f"dm-haiku hk.nets.ResNet with ResNet18's configuration at half "
                    f"width (stem 32, groups {config['channels_per_group']}): {batch}x{size}x{size}x3, hk.transform_with_state, "
-                   "batch norm in training mode, loss closing over the state")
+                   "batch norm in training mode, loss closing over the state"
+                   + _remat_note(remat_policy, "hk.remat"))
 
 
-def penzai_decoder() -> Program:
+def penzai_decoder(remat_policy: str | None = None) -> Program:
     """penzai's llama-like decoder (``build_llamalike_transformer``), parameters unbound
-    and frozen (``pz.unbind_params``/``pz.freeze_params``), bound again in the loss."""
+    and frozen (``pz.unbind_params``/``pz.freeze_params``), bound again in the loss.
+    With ``remat_policy``, each ``TransformerBlock`` wrapped in penzai's
+    ``gradient_checkpointing.Checkpointed`` with that policy (the parameters are the same)."""
     from penzai import pz
+    from penzai.models.transformer import model_parts
     from penzai.models.transformer.variants import llamalike_common
+    from penzai.toolshed import gradient_checkpointing
+
+    policy = _policy(remat_policy)
 
     batch, seq = 4, 80
     config = llamalike_common.LlamalikeTransformerConfig(
@@ -548,6 +610,9 @@ def penzai_decoder() -> Program:
         num_decoder_blocks=3, vocab_size=320, mlp_variant="swiglu", tie_embedder_and_logits=False,
         parameter_dtype=jnp.float32, activation_dtype=jnp.float32)
     model = llamalike_common.build_llamalike_transformer(config, init_base_rng=jax.random.key(109))
+    if policy is not None:
+        model = (pz.select(model).at_instances_of(model_parts.TransformerBlock)
+                 .apply(lambda block: gradient_checkpointing.Checkpointed(block, policy=policy)))
     unbound, params = pz.unbind_params(model)
     frozen = pz.freeze_params(params)
     tokens = jax.random.randint(jax.random.PRNGKey(110), (batch, seq + 1), 0, config.vocab_size)
@@ -559,7 +624,8 @@ def penzai_decoder() -> Program:
 
     return Program(loss, (frozen, tokens), f"penzai llama-like decoder: batch {batch}, sequence {seq}, width 96, "
                    "3 heads of 32, 3 blocks, SwiGLU 256, RMSNorm, RoPE, vocabulary 320, "
-                   "pz.unbind_params/freeze_params/bind_variables")
+                   "pz.unbind_params/freeze_params/bind_variables"
+                   + _remat_note(remat_policy, "penzai's Checkpointed"))
 
 
 PROGRAMS: dict[str, Callable[[], Program]] = {

@@ -28,6 +28,7 @@ import remat_opt
 from remat_opt import peak_bytes
 from remat_opt.memory._measure import gradient_flops, memory_of
 from remat_opt.program._static import StaticLeaf, combine, split
+from remat_opt.rewrite._policies import policy_program
 
 FAST = remat_opt.SolverOptions(time_limit_s=60.0, deterministic_time_limit=1.0, num_workers=2)
 ATTEMPTS = 2
@@ -110,6 +111,27 @@ def test_callable_and_scalar_leaves_are_closed_over_and_gradients_match():
 
     assert_tree_close(value_and_grad(step, p["ws"]), value_and_grad(act_mlp, p["ws"]))
     assert step.plan(p, x) is plan  # the call under jax.grad hit the same plan
+
+
+def test_checkpoint_policy_baselines_close_over_static_leaves():
+    # jax.checkpoint rejects a leaf that is not an array (an Equinox module's activation): the
+    # policy baselines checkpoint the array leaves only, as eqx.filter_checkpoint does. Their
+    # peak and recompute are those of the same program with the static leaves closed over.
+    p, x = mlp_inputs()
+    arrays = {"ws": p["ws"]}
+
+    def closed(arrays, x):
+        return act_mlp({**p, **arrays}, x)
+
+    for policy in ("nothing_saveable", "dots_saveable"):
+        got = remat_opt.checkpoint_policy(act_mlp, policy, p, x, budget_bytes="1GiB")
+        want = remat_opt.checkpoint_policy(closed, policy, arrays, x, budget_bytes="1GiB")
+        assert got.measured_peak_bytes == want.measured_peak_bytes
+        assert got.measured_recompute_flops == want.measured_recompute_flops
+    assert got.measured_recompute_flops > 0  # dots_saveable recomputes the tanh
+    program = policy_program(act_mlp, "nothing_saveable")
+    assert_tree_close(jax.value_and_grad(lambda ws: program({**p, "ws": ws}, x))(p["ws"]),
+                      jax.value_and_grad(lambda ws: act_mlp({**p, "ws": ws}, x))(p["ws"]))
 
 
 def test_plan_cache_keys_on_static_leaves():

@@ -5,6 +5,12 @@ through the zoo's ``layer_wrapper`` convention (:func:`layer_policy_program`).
 Plain ``jax.checkpoint``, unfenced: on XLA:CPU it is often undone by CSE and
 scheduling (docs/xla_findings.md §1), which is what the baselines show; per
 layer, also fenced, as a user could write it with remat_opt's fence.
+
+Arguments with static leaves (an Equinox module's activation functions) are
+checkpointed the way ``eqx.filter_checkpoint`` does it: only the array leaves
+go through ``jax.checkpoint``; the others are closed over
+(:func:`filtered_checkpoint`). ``jax.checkpoint`` itself rejects a leaf that is
+not an array.
 """
 
 from __future__ import annotations
@@ -15,6 +21,8 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+
+from ..program._static import combine, split
 
 POLICIES: dict[str, Callable[..., bool]] = {
     "nothing_saveable": jax.checkpoint_policies.nothing_saveable,
@@ -31,9 +39,33 @@ def policy_by_name(policy: str) -> Callable[..., bool]:
     return POLICIES[policy]
 
 
+def filtered_checkpoint(fn: Callable[..., Any], policy: Callable[..., bool]) -> Callable[..., Any]:
+    """``jax.checkpoint(fn, policy=policy)`` over the array leaves of the arguments only.
+
+    The static leaves of a call (:mod:`remat_opt.program._static`: functions,
+    Python scalars) are closed over, as ``eqx.filter_checkpoint`` does; with
+    none, this is ``jax.checkpoint(fn, policy=policy)`` on the same arguments.
+    """
+    plain = jax.checkpoint(fn, policy=policy)
+
+    @functools.wraps(fn)
+    def checkpointed(*args: Any, **kwargs: Any) -> Any:
+        leaves, static = split((args, kwargs))
+        if not static.any:
+            return plain(*args, **kwargs)
+
+        def on_arrays(arrays: list) -> Any:
+            a, k = combine(arrays, static)
+            return fn(*a, **k)
+
+        return jax.checkpoint(on_arrays, policy=policy)(leaves)
+
+    return checkpointed
+
+
 def policy_program(fn: Callable[..., Any], policy: str) -> Callable[..., Any]:
-    """``jax.checkpoint(fn, policy=...)``, as a user would write it."""
-    return jax.checkpoint(fn, policy=policy_by_name(policy))
+    """``jax.checkpoint(fn, policy=...)``, as a user would write it (static leaves closed over)."""
+    return filtered_checkpoint(fn, policy_by_name(policy))
 
 
 def layer_policy_program(loss: Callable[..., Any], policy: str, fenced: bool = False) -> Callable[..., Any]:
@@ -64,4 +96,4 @@ def layer_policy_program(loss: Callable[..., Any], policy: str, fenced: bool = F
         from ._rewrite import fenced_checkpoint  # deferred: _rewrite imports the memory model
 
         return functools.partial(loss, layer_wrapper=lambda layer: fenced_checkpoint(layer, (), policy=pol))
-    return functools.partial(loss, layer_wrapper=lambda layer: jax.checkpoint(layer, policy=pol))
+    return functools.partial(loss, layer_wrapper=lambda layer: filtered_checkpoint(layer, pol))
