@@ -21,7 +21,7 @@ def optimize(
     max_attempts: int = 4,
     cost_model: CostModel | None = None,
     has_aux: bool = False,
-    unroll_scans: int = 64,
+    unroll_scans: int = 8,
     compute_saved_once: bool = True,
     xla_facts: bool = True,
     cache: bool | str | os.PathLike = True,
@@ -44,9 +44,12 @@ def optimize(
             its iterations and inside its body, under the same budget. The
             rewritten step then has no loop: XLA compiles each iteration, which
             takes longer for long scans. ``0`` keeps every scan as one unit.
-            Whatever this is, the scans' loop plans (a built-in policy on the
-            body, iterations in checkpointed groups) are measured too, and the
-            plan with the fewest recomputed FLOPs that fits wins.
+            Whatever this is, the scans' loop plans (what the body saves,
+            chosen by CP-SAT; built-in policies on the body; iterations in
+            checkpointed groups) are measured too, and the plan with the fewest
+            recomputed FLOPs that fits wins. Longer scans stay loops by
+            default, so planning them costs what compiling the loop costs,
+            whatever the depth.
         compute_saved_once: in plans that save names, give each stored value
             XLA would rebuild in every reader from its operands (a residual
             stream) a reader XLA cannot fuse, so it computes the value once
