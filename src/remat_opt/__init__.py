@@ -34,6 +34,7 @@ from ._optimize import OptimizedFunction as OptimizedFunction
 from .memory._fusion import UnknownPrimitiveWarning as UnknownPrimitiveWarning
 from ._api import optimize as optimize
 from ._plan import Plan as Plan
+from ._step import optimize_step as optimize_step
 from .rewrite._policies import POLICIES as POLICIES
 from ._schedule import Schedule as Schedule
 from .solve._solve import SolverOptions as SolverOptions
@@ -64,6 +65,7 @@ __all__ = [
     "megatron_selective",
     "no_remat",
     "optimize",
+    "optimize_step",
     "parse_bytes",
     "peak_bytes",
     "revolve",

@@ -27,12 +27,13 @@ from typing import Any
 import jax
 import networkx as nx
 import numpy as np
-from jax._src import core, source_info_util
+from jax._src import core
 from jax._src.interpreters import partial_eval as pe
 
 from ._cost import CostModel, FlopCostModel
 from ._names import eqn_index_of, eval_program
 from ._precision import upcast_dtypes, upcasting_evaluator
+from ._source import source_line
 from ._trace import TracedProgram
 
 
@@ -212,11 +213,6 @@ ALIASING_PRIMITIVES = frozenset(
     {"name", "reshape", "squeeze", "expand_dims", "copy_p", "optimization_barrier", "stop_gradient"}
 )
 
-def _source_line(eqn: core.JaxprEqn) -> str:
-    frame = source_info_util.user_frame(eqn.source_info.traceback)
-    return f"{frame.file_name}:{frame.start_line}" if frame else ""
-
-
 def build_graph(traced: TracedProgram, cost_model: CostModel | None = None) -> ProgramGraph:
     """Linearizes the traced program, as XLA runs it, and returns its compute graph.
 
@@ -300,7 +296,7 @@ def build_graph(traced: TracedProgram, cost_model: CostModel | None = None) -> P
         name = eqn.params.get("name") if eqn.primitive.name == "name" else None
         units.append(
             Unit(i, position, eqn.primitive.name, inputs, tuple(outputs),
-                 int(cost_model.eqn_flops(eqn)), name, _source_line(eqn))
+                 int(cost_model.eqn_flops(eqn)), name, source_line(eqn.source_info.traceback))
         )
     residual = [False] * len(node_bytes)
     for v in residual_vars:

@@ -50,6 +50,7 @@ from jax._src.interpreters import ad
 from jax.extend.core import ClosedJaxpr
 
 from .._errors import UnsupportedProgramError
+from ._source import at_call_site
 from ._static import combine, differentiated, split
 
 # Primitives whose only job is to group equations; inlined on tracing.
@@ -120,20 +121,24 @@ class _Inliner:
         self.unroll_limit = unroll_limit
         self.unrolled = 0
 
-    def eval(self, jaxpr: core.Jaxpr, consts: Sequence[Any], *args: Any) -> list[Any]:
+    def eval(self, jaxpr: core.Jaxpr, consts: Sequence[Any], *args: Any, caller: Any = None) -> list[Any]:
+        """Evaluates ``jaxpr``, inlined; ``caller`` is the traceback of the
+        equation that called it, for its equations that name no user line."""
         env: dict = dict(zip(jaxpr.constvars, consts))
         env.update(zip(jaxpr.invars, args))
         for eqn in jaxpr.eqns:
+            eqn = at_call_site(eqn, caller)
+            here = eqn.source_info.traceback
             invals = [read_atom(env, v) for v in eqn.invars]
             name = eqn.primitive.name
             if name in _CALL_PARAMS:
                 inner = eqn.params[_CALL_PARAMS[name]]
                 if isinstance(inner, ClosedJaxpr):
-                    outs = self.eval(inner.jaxpr, inner.consts, *invals)
+                    outs = self.eval(inner.jaxpr, inner.consts, *invals, caller=here)
                 else:
-                    outs = self.eval(inner, (), *invals)
+                    outs = self.eval(inner, (), *invals, caller=here)
             elif name in _CHECKPOINT_PRIMITIVES:
-                outs = self.eval(eqn.params["jaxpr"], (), *invals)
+                outs = self.eval(eqn.params["jaxpr"], (), *invals, caller=here)
             elif name == "scan" and 0 < eqn.params["length"] <= self.unroll_limit:
                 outs = self.scan(eqn, invals)
             else:
@@ -160,7 +165,8 @@ class _Inliner:
             ]
         ys: list[list[Any]] = [[] for _ in range(length)]
         for i in reversed(range(length)) if p["reverse"] else range(length):
-            outs = self.eval(body.jaxpr, body.consts, *consts, *carry, *(s[i] for s in slices))
+            outs = self.eval(body.jaxpr, body.consts, *consts, *carry, *(s[i] for s in slices),
+                             caller=eqn.source_info.traceback)
             carry, ys[i] = outs[:n_carry], outs[n_carry:]
         self.unrolled += 1
         with source_info_util.user_context(eqn.source_info.traceback):
