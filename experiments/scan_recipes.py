@@ -14,9 +14,9 @@ layers, projections tagged ``query_proj`` ... ``mlpwo``,
    wall time, beside the cheapest recipe that fits and one plain compile.
 
 Usage:
-    python experiments/scan_recipes.py [--layers 12 48 96] [--quick]
+    python experiments/scan_recipes.py [--layers 12 48 96] [--quick] [--output scan_recipes.csv]
 
-Writes ``experiments/results/scan_recipes.csv``.
+Writes ``experiments/results/scan_recipes.csv`` (or ``--output``).
 """
 
 from __future__ import annotations
@@ -87,6 +87,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--layers", type=int, nargs="+", default=[12, 48, 96])
     parser.add_argument("--quick", action="store_true", help="sequence length 64 instead of 128")
+    parser.add_argument("--output", default="scan_recipes.csv", help="file name under experiments/results")
     args = parser.parse_args()
     rows = []
     for layers in args.layers:
@@ -105,7 +106,7 @@ def main() -> None:
             theirs = "-" if not r["best_recipe"] else f"{r['best_recipe']} +{r['best_recipe_recompute_flops'] / base:.2%}"
             print(f"  budget {budget / MiB:8.2f} MiB: {r['plan']} {ours} vs {theirs}; "
                   f"plan() {r['plan_seconds']} s ({r['plan_seconds'] / compile_s:.1f}x a compile)", flush=True)
-    write_csv(RESULTS / "scan_recipes.csv", rows, f"{stamp()}; {command()}")
+    write_csv(RESULTS / args.output, rows, f"{stamp()}; {command()}")
 
 
 if __name__ == "__main__":
