@@ -351,9 +351,11 @@ class Outcome:
         budget: the budget, in bytes; ``plain_peak`` the program's peak as written.
         peak: XLA's peak of the optimized step, measured anew (plans), or the error's
             ``min_budget_bytes`` (infeasible).
-        grad_error: largest ``|got - want| / (atol + rtol |want|)``; at most 1 passes.
+        grad_error: largest ``|got - want| / (atol + rtol |want|)``; at most 1 passes (for an
+            infeasible budget, of the plan at ``min_budget_bytes``).
         deterministic: a second optimize (fresh, ``cache=False``) made the same plan or error.
-        min_confirmed: for an infeasible budget, a plan at ``min_budget_bytes`` fits on XLA.
+        min_confirmed: for an infeasible budget, a plan at ``min_budget_bytes`` fits on XLA
+            (its step's peak measured anew).
         detail: the plan's one-line decision, or the exception.
     """
 
@@ -385,13 +387,23 @@ def _decision(plan: Any) -> tuple:
     return (plan.schedule, plan.loop_plan, plan.measured_peak_bytes, plan.measured_recompute_flops)
 
 
+def _measured(step: Any, program: Program, args: tuple) -> tuple[int, float]:
+    """XLA's peak of the optimized step, measured here (not read from its plan), and its gradients'
+    error against ``jax.grad`` of the program as written."""
+    nums = program.argnums
+    peak = remat_opt.peak_bytes(step, *args, argnums=nums)
+    got, want = jax.grad(step, argnums=nums)(*args), jax.grad(program, argnums=nums)(*args)
+    return peak, _grad_error(got, want, program.dtype)
+
+
 def check(program: Program, fraction: float) -> Outcome:
     """Optimizes ``program`` under ``fraction`` of its plain peak and checks every property.
 
-    Plans: XLA's peak of the optimized step (measured here, not read from the plan) is within
-    the budget, gradients equal ``jax.grad``'s, a second run plans the same. Infeasible
-    budgets: the error's ``min_budget_bytes`` is confirmed by a plan at that budget, and a second
-    run raises the same. Any other exception is returned as the ``"exception"`` outcome.
+    Plans: XLA's peak of the optimized step is within the budget, gradients equal ``jax.grad``'s,
+    a second run plans the same. Infeasible budgets: a second run raises the same, and the plan at
+    the error's ``min_budget_bytes`` fits it (XLA's peak, measured anew) with the right gradients:
+    the tightest plan there is, where checkpoints are most likely. Any other exception is
+    returned as the ``"exception"`` outcome.
     """
     args, nums = program.args(), program.argnums
     plain = remat_opt.peak_bytes(program, *args, argnums=nums)
@@ -411,18 +423,22 @@ def check(program: Program, fraction: float) -> Outcome:
         if isinstance(first, remat_opt.InfeasibleBudgetError):
             same = isinstance(second, remat_opt.InfeasibleBudgetError) and (
                 second.min_budget_bytes, second.schedule) == (first.min_budget_bytes, first.schedule)
-            _, at_min = attempt(first.min_budget_bytes)
-            confirmed = not isinstance(at_min, Exception) and at_min.measured_peak_bytes <= first.min_budget_bytes
-            return Outcome("infeasible", budget, plain, first.min_budget_bytes, 0.0, same, confirmed,
-                           str(first)[:200])
+            least = first.min_budget_bytes
+            step, at_min = attempt(least)
+            if isinstance(at_min, Exception):
+                return Outcome("infeasible", budget, plain, least, 0.0, same, False, f"at the minimum: {at_min}")
+            peak, error = _measured(step, program, args)
+            return Outcome("infeasible", budget, plain, least, error, same, peak <= least,
+                           f"plan at the minimum ({peak} bytes): {_describe_plan(at_min)}")
         same = not isinstance(second, Exception) and _decision(second) == _decision(first)
-        peak = remat_opt.peak_bytes(step, *args, argnums=nums)
-        got = jax.grad(step, argnums=nums)(*args)
-        want = jax.grad(program, argnums=nums)(*args)
-        detail = f"{first.schedule}" if first.loop_plan is None else f"{first.loop_plan}"
-        return Outcome("plan", budget, plain, peak, _grad_error(got, want, program.dtype), same, True, detail)
+        peak, error = _measured(step, program, args)
+        return Outcome("plan", budget, plain, peak, error, same, True, _describe_plan(first))
     except Exception as err:  # noqa: BLE001 - the fuzzer's finding: reported, with its program
         return Outcome("exception", budget, plain, detail=f"{type(err).__name__}: {err}"[:500])
+
+
+def _describe_plan(plan: Any) -> str:
+    return f"{plan.schedule}" if plan.loop_plan is None else f"{plan.loop_plan}"
 
 
 # --- CP-SAT against exhaustive search ---------------------------------------------------
