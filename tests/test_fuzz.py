@@ -80,3 +80,14 @@ def test_regression_bfloat16_arguments_are_traced():
     np.testing.assert_allclose(np.asarray(jax.grad(step)(params, x, k)["w0"], np.float32),
                                np.asarray(jax.grad(BF16_DOT)(params, x, k)["w0"], np.float32))
     assert jnp.asarray(x).dtype == jnp.bfloat16
+
+
+def test_experiment_script_runs_and_counts(tmp_path):
+    from experiment_scripts import read_rows, run_script
+
+    out = run_script("fuzz.py", "--programs", "2", "--graphs", "2", "--first-seed", "3", "--out", str(tmp_path))
+    rows = read_rows(tmp_path / "fuzz.csv")
+    assert [r["kind"] for r in rows] == ["brute_force"] * 2 + ["program"] * 2
+    assert all(r["ok"] == "True" for r in rows), rows
+    assert "programs run: 2" in out and "wrong gradients: 0" in out and "unexpected exceptions: 0" in out
+    assert "jax " in out and "wall time" in out

@@ -11,7 +11,7 @@ what was passed and says what to do, instead of an error from deep inside JAX
 
 Example:
     >>> import jax.numpy as jnp
-    >>> check_call(lambda n, x: jnp.sum(x) * n, (3, jnp.ones(2)), {}, 0, False)
+    >>> check_call(lambda n, x: jnp.sum(x) * n, (3, jnp.ones(2)), {}, 0, False)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
     remat_opt._errors.NonDifferentiableArgumentError: args[0] is differentiated (argnums=0) ...
