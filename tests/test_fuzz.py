@@ -26,9 +26,10 @@ from hypothesis import HealthCheck, assume, given, settings
 import remat_opt
 
 PROGRAMS = 100
-"""Generated programs per CI run, each checked twice over (two plans, a confirming one for an infeasible
-budget, gradients). Measured (jax 0.10.2, 2 shared cores at load average ~10): 732 s wall for the 100,
-of which 205 s of CPU time (the run got 26% of a core); over the 4 minutes asked of it when loaded."""
+"""Generated programs per CI run, each planned twice, plus a plan at the minimum of an infeasible
+budget, its peak and gradients measured. Measured on 2 cores shared with other work (load average
+5-11): 642 s wall on jax 0.10.2 (733 s, 205 s of CPU time, before the plan at the minimum was
+measured too), 375 s on jax 0.12: over the 4 minutes asked of it on such a machine; not reduced."""
 
 BRUTE_FORCE_GRAPHS = 25
 """Generated graphs brute-forced per CI run (experiments/fuzz.py: 200)."""
