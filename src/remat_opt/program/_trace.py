@@ -49,7 +49,8 @@ from jax._src.interpreters import ad
 # whose .consts are the values of its constvars), so `.jaxpr`/`.consts` work on both.
 from jax.extend.core import ClosedJaxpr
 
-from .._errors import InvalidArgnumsError, InvalidArgnumsTypeError, UnsupportedProgramError
+from .._errors import InvalidArgnumsError, InvalidArgnumsTypeError
+from .._errors import UnsupportedProgramError
 from ._static import combine, differentiated, split
 
 # Primitives whose only job is to group equations; inlined on tracing.
