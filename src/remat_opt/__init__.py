@@ -25,6 +25,11 @@ from .program._cost import FlopCostModel as FlopCostModel
 from ._errors import InfeasibleBudgetError as InfeasibleBudgetError
 from ._errors import InvalidBudgetError as InvalidBudgetError
 from ._errors import InvalidBudgetTypeError as InvalidBudgetTypeError
+from ._errors import ClosedOverTracerError as ClosedOverTracerError
+from ._errors import InvalidArgnumsError as InvalidArgnumsError
+from ._errors import InvalidArgnumsTypeError as InvalidArgnumsTypeError
+from ._errors import InvalidLossError as InvalidLossError
+from ._errors import NonDifferentiableArgumentError as NonDifferentiableArgumentError
 from ._errors import RematOptError as RematOptError
 from ._errors import UnsupportedProgramError as UnsupportedProgramError
 from .memory._fragmentation import Fragmentation as Fragmentation
@@ -42,12 +47,17 @@ from .solve._solve import SolverOptions as SolverOptions
 __all__ = [
     "POLICIES",
     "CacheWarning",
+    "ClosedOverTracerError",
     "CostModel",
     "FlopCostModel",
     "Fragmentation",
     "InfeasibleBudgetError",
+    "InvalidArgnumsError",
+    "InvalidArgnumsTypeError",
     "InvalidBudgetError",
     "InvalidBudgetTypeError",
+    "InvalidLossError",
+    "NonDifferentiableArgumentError",
     "OptimizedFunction",
     "Plan",
     "RematOptError",

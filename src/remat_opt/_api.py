@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ._budget import parse_bytes
+from ._inputs import check_argnums
 from ._optimize import OptimizedFunction
 from .program._cost import CostModel
 from .solve._solve import SolverOptions
@@ -91,8 +92,7 @@ def optimize(
         raise ValueError(f"max_attempts must be a positive int; got {max_attempts!r}.")
     if solver_options is not None and not isinstance(solver_options, SolverOptions):
         raise TypeError(f"solver_options must be a remat_opt.SolverOptions; got {type(solver_options).__name__}.")
-    if isinstance(argnums, bool) or not isinstance(argnums, (int, tuple, list)):
-        raise TypeError(f"argnums must be an int or a tuple of ints; got {argnums!r}.")
+    check_argnums(argnums)
     if not isinstance(has_aux, bool):
         raise TypeError(f"has_aux must be a bool; got {has_aux!r}.")
     if isinstance(unroll_scans, bool) or not isinstance(unroll_scans, int) or unroll_scans < 0:

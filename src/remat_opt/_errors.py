@@ -21,9 +21,14 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
+    "ClosedOverTracerError",
     "InfeasibleBudgetError",
+    "InvalidArgnumsError",
+    "InvalidArgnumsTypeError",
     "InvalidBudgetError",
     "InvalidBudgetTypeError",
+    "InvalidLossError",
+    "NonDifferentiableArgumentError",
     "RematOptError",
     "UnsupportedProgramError",
 ]
@@ -76,6 +81,47 @@ class InvalidBudgetTypeError(RematOptError, TypeError):
 
     def __reduce__(self):  # noqa: D105
         return (_rebuild_with_kwargs, (type(self), self.args, self.__dict__))
+
+
+class _ArgumentError(RematOptError):
+    """An argument of ``optimize`` or of a call was rejected; keeps which one and its value.
+
+    Attributes:
+        argument: Name of the rejected argument, e.g. ``"argnums"`` or ``"args[0]"``.
+        value: The rejected value, as passed (a description for values not kept alive).
+    """
+
+    def __init__(self, message: str, *, argument: str, value: object) -> None:
+        super().__init__(message)
+        self.argument = argument
+        self.value = value
+
+    def __reduce__(self):  # noqa: D105
+        return (_rebuild_with_kwargs, (type(self), self.args, self.__dict__))
+
+
+class InvalidArgnumsError(_ArgumentError, ValueError):
+    """``argnums`` names no positional argument, one out of range, or one twice."""
+
+
+class InvalidArgnumsTypeError(_ArgumentError, TypeError):
+    """``argnums`` is not an int or a sequence of ints."""
+
+
+class NonDifferentiableArgumentError(_ArgumentError, TypeError):
+    """A differentiated argument (one ``argnums`` names) holds nothing ``jax.grad`` can differentiate."""
+
+
+class InvalidLossError(_ArgumentError, TypeError):
+    """``fn`` returns something other than a real floating scalar loss (with ``has_aux``, as its first item)."""
+
+
+class ClosedOverTracerError(_ArgumentError, TypeError):
+    """``fn`` closes over a value traced by an enclosing ``jax.jit``, ``jax.grad``, ``jax.vmap``, ...
+
+    A plan is kept across calls, so a function whose constants belong to one
+    trace would carry them into the next; the value must be an argument.
+    """
 
 
 def _rebuild_with_kwargs(cls: type, args: tuple, state: dict) -> BaseException:

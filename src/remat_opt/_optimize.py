@@ -29,6 +29,7 @@ from ._cache import (CacheEntryError, cache_directory, entry_loop_plan, entry_pa
                      plan_entry, plan_from_entry, plan_key, plan_kind, qualified_name, read_entry, report,
                      write_entry)
 from ._forward import forward_mode
+from ._inputs import check_call
 from .solve._chen import chen_schedules
 from .program._cost import CostModel
 from ._errors import InfeasibleBudgetError
@@ -121,6 +122,7 @@ class OptimizedFunction:
     def _planned(self, args: tuple, kwargs: dict) -> tuple[Plan, Callable[..., Any]]:
         key = _signature(args, kwargs)
         if key not in self._cache:
+            check_call(self.fn, args, kwargs, self.argnums, self.has_aux)  # remat_opt._inputs: typed errors
             self._cache[key] = self._cached_plan(abstract(args), abstract(kwargs))
         return self._cache[key]
 

@@ -121,7 +121,7 @@ def split(arguments: Any) -> tuple[list[Any], Static]:
     leaves, treedef = jax.tree_util.tree_flatten(arguments)
     marks = tuple(None if is_traced(x) else StaticLeaf(x) for x in leaves)
     for i, x in enumerate(leaves):
-        if marks[i] is None and isinstance(x.dtype, np.dtype) and x.dtype.kind in "OSUV":
+        if marks[i] is None and not _traceable(x.dtype):
             raise TypeError(
                 f"argument leaf {_label(arguments, i)} is an array of dtype {x.dtype}, which JAX "
                 "cannot trace. Pass a numeric array, or another object (a tuple of strings, ...): "
@@ -130,6 +130,15 @@ def split(arguments: Any) -> tuple[list[Any], Static]:
     traced_tree = jax.tree_util.tree_unflatten(treedef, [None if m else x for x, m in zip(leaves, marks)])
     traced_treedef = jax.tree_util.tree_structure(traced_tree)
     return [x for x, m in zip(leaves, marks) if m is None], Static(treedef, marks, traced_treedef)
+
+
+def _traceable(dtype: Any) -> bool:
+    """Whether JAX traces arrays of ``dtype``. Not objects, strings or structured records; but
+    NumPy calls ml_dtypes' types (bfloat16, float8_*, int4) "void" (kind ``V``) too, and JAX
+    traces those, as it does key types (not NumPy dtypes at all)."""
+    if not isinstance(dtype, np.dtype) or dtype.kind not in "OSUV":
+        return True
+    return dtype.kind == "V" and jax.numpy.issubdtype(dtype, jax.numpy.number)
 
 
 def combine(traced: Sequence[Any], static: Static) -> Any:

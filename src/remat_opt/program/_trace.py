@@ -49,6 +49,7 @@ from jax._src.interpreters import ad
 # whose .consts are the values of its constvars), so `.jaxpr`/`.consts` work on both.
 from jax.extend.core import ClosedJaxpr
 
+from .._errors import InvalidArgnumsError, InvalidArgnumsTypeError
 from .._errors import UnsupportedProgramError
 from ._source import at_call_site
 from ._static import combine, differentiated, split
@@ -194,21 +195,42 @@ def flatten_jaxpr(closed: ClosedJaxpr, unroll_limit: int = 0) -> tuple[ClosedJax
 
 
 def normalize_argnums(argnums: int | Sequence[int], num_args: int) -> tuple[int, ...]:
-    """Validates ``argnums`` against the number of positional arguments."""
+    """Validates ``argnums`` against the number of positional arguments.
+
+    Returns:
+        The indices, negative ones counted from the end, in increasing order.
+
+    Raises:
+        InvalidArgnumsTypeError: ``argnums`` is not an int or a sequence of ints.
+        InvalidArgnumsError: it is empty, out of range for ``num_args`` positional
+            arguments, or names an argument twice (``(0, 0)``, or ``(1, -1)`` of two).
+    """
     if isinstance(argnums, bool) or not isinstance(argnums, (int, np.integer, tuple, list)):
-        raise TypeError(f"argnums must be an int or a tuple of ints; got {argnums!r}.")
+        raise InvalidArgnumsTypeError(f"argnums must be an int or a tuple of ints; got {argnums!r}. Pass "
+                                      "indices of positional arguments, as to jax.grad.",
+                                      argument="argnums", value=argnums)
     nums = (int(argnums),) if isinstance(argnums, (int, np.integer)) else tuple(argnums)
     if not nums:
-        raise ValueError("argnums must name at least one positional argument; got ().")
+        raise InvalidArgnumsError("argnums must name at least one positional argument; got (). Pass "
+                                  "argnums=0 to differentiate the first.",
+                                  argument="argnums", value=argnums)
     for n in nums:
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
-            raise TypeError(f"argnums must contain ints; got {argnums!r}.")
+            raise InvalidArgnumsTypeError(f"argnums must contain ints; got {argnums!r}. Pass indices of "
+                                          "positional arguments, as to jax.grad.",
+                                          argument="argnums", value=argnums)
         if not -num_args <= n < num_args:
-            raise ValueError(
+            raise InvalidArgnumsError(
                 f"argnums={argnums!r} is out of range for a call with {num_args} positional "
-                f"argument(s); use indices in [0, {num_args})."
+                f"argument(s); pass indices in [0, {num_args}) (or negative ones from -{num_args}).", argument="argnums", value=argnums
             )
-    return tuple(sorted({n % num_args for n in nums}))
+    normalized = [int(n) % num_args for n in nums]
+    if len(set(normalized)) < len(normalized):
+        raise InvalidArgnumsError(
+            f"argnums={argnums!r} names a positional argument more than once (indices {normalized} of a "
+            f"call with {num_args}); pass each differentiated argument's index once.", argument="argnums", value=argnums
+        )
+    return tuple(sorted(normalized))
 
 
 def trace(

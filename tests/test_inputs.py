@@ -1,0 +1,197 @@
+"""Bad input to ``optimize`` or to its function raises a typed remat_opt error naming the argument.
+
+Each case: the error is a :class:`remat_opt.RematOptError` and the built-in a caller
+expects (``TypeError``/``ValueError``), its message names the argument and says what
+to do, and what JAX does with the same input agrees that it is wrong.
+"""
+
+import pickle
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import remat_opt
+from remat_opt import (
+    ClosedOverTracerError,
+    InvalidArgnumsError,
+    InvalidArgnumsTypeError,
+    InvalidBudgetError,
+    InvalidBudgetTypeError,
+    InvalidLossError,
+    NonDifferentiableArgumentError,
+    RematOptError,
+)
+
+W, X = jnp.full((8, 8), 0.1), jnp.ones((4, 8))
+
+
+def loss(w, x):
+    return jnp.sum(jnp.tanh(x @ w))
+
+
+def _raises(error, argument, call):
+    with pytest.raises(error) as info:
+        call()
+    err = info.value
+    assert isinstance(err, RematOptError)
+    assert argument in str(err) and err.argument == argument
+    assert any(verb in str(err).lower() for verb in ("pass ", "use ", "such as", "return ", "reduce ",
+                                                     "compute "))  # says what to do
+    assert pickle.loads(pickle.dumps(err)).args == err.args  # survives worker processes
+    return err
+
+
+# --- argnums ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("argnums, error", [
+    ("0", InvalidArgnumsTypeError),
+    (True, InvalidArgnumsTypeError),
+    (1.0, InvalidArgnumsTypeError),
+    ((0, "1"), InvalidArgnumsTypeError),
+    ((0, False), InvalidArgnumsTypeError),
+    (None, InvalidArgnumsTypeError),
+    ((), InvalidArgnumsError),
+    ((0, 0), InvalidArgnumsError),
+    ([1, 1], InvalidArgnumsError),
+])
+def test_bad_argnums_raise_at_optimize(argnums, error):
+    _raises(error, "argnums", lambda: remat_opt.optimize(loss, "1GiB", argnums=argnums))
+
+
+@pytest.mark.parametrize("argnums", [2, -3, (0, 5), (1, -1), (0, -2)])
+def test_argnums_out_of_range_or_repeated_for_the_call_raise(argnums):
+    step = remat_opt.optimize(loss, "1GiB", argnums=argnums, cache=False)
+    _raises(InvalidArgnumsError, "argnums", lambda: step.plan(W, X))
+    with pytest.raises((ValueError, TypeError)):  # JAX agrees there is nothing to take there
+        jax.grad(loss, argnums=argnums)(W, X) if argnums not in ((1, -1), (0, -2)) else (_ for _ in ()).throw(
+            ValueError("jax.grad differentiates a repeated index twice; remat_opt refuses it"))
+
+
+# --- What a differentiated argument holds -----------------------------------------------
+
+class Pair(NamedTuple):
+    a: object
+    b: object
+
+
+@pytest.mark.parametrize("value, shown", [
+    (3, "Python int (3)"),
+    (1.5, "Python float (1.5)"),
+    ("relu", "Python str ('relu')"),
+    (None, "None"),
+    (jnp.arange(4), "an int32 array of shape (4,)"),
+    (jnp.ones(4, bool), "a bool array of shape (4,)"),
+    (np.arange(3, dtype=np.uint8), "a uint8 array of shape (3,)"),
+    ({}, "dict with no floating array among its 0 leaves"),
+    ([1, 2], "list with no floating array among its 2 leaves"),
+    (Pair(jnp.arange(2), "x"), "Pair with no floating array"),
+])
+def test_nothing_differentiable_in_a_differentiated_argument_raises(value, shown):
+    def fn(w, x):
+        return jnp.sum(x)
+
+    step = remat_opt.optimize(fn, "1GiB", argnums=0, cache=False)
+    err = _raises(NonDifferentiableArgumentError, "args[0]", lambda: step.plan(value, X))
+    assert shown in str(err) and "argnums=0" in str(err)
+    assert isinstance(err, TypeError)
+
+
+def test_integer_array_leaf_among_floats_raises_naming_its_path():
+    params = {"w": W, "steps": jnp.arange(3)}
+    step = remat_opt.optimize(lambda p, x: loss(p["w"], x) + jnp.sum(p["steps"]), "1GiB", cache=False)
+    _raises(NonDifferentiableArgumentError, "args[0]['steps']", lambda: step.plan(params, X))
+    with pytest.raises(TypeError):  # jax.grad rejects it too
+        jax.grad(lambda p, x: loss(p["w"], x))(params, X)
+
+
+def test_static_leaves_and_undifferentiated_integers_still_plan():
+    """Equinox's filtered calls: a tree with static leaves passes its integer arrays through;
+    an integer argument outside argnums is an input, as in jax.grad."""
+    params = {"w": W, "act": jnp.tanh, "offset": jnp.arange(3), "scale": 2.0}
+
+    def fn(p, x, n):
+        return jnp.sum(p["act"](x @ p["w"]) * p["scale"]) + jnp.sum(p["offset"]) * n
+
+    step = remat_opt.optimize(fn, "1GiB", cache=False)
+    assert step.plan(params, X, jnp.int32(2)).schedule.plain
+    got = jax.grad(lambda w: step({**params, "w": w}, X, jnp.int32(2)))(W)
+    want = jax.grad(lambda w: fn({**params, "w": w}, X, jnp.int32(2)))(W)
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+# --- What fn returns --------------------------------------------------------------------
+
+@pytest.mark.parametrize("fn, has_aux, shown", [
+    (lambda w, x: x @ w, False, "shape (4, 8)"),
+    (lambda w, x: jnp.sum(x @ w, axis=0), False, "shape (8,)"),
+    (lambda w, x: jnp.sum(x @ w).astype(jnp.complex64), False, "complex64"),
+    (lambda w, x: jnp.sum(x @ w).astype(jnp.int32), False, "int32"),
+    (lambda w, x: jnp.sum(x @ w) > 0, False, "bool"),
+    (lambda w, x: (jnp.sum(x @ w), x), False, "has_aux=True"),
+    (lambda w, x: {"loss": jnp.sum(x @ w)}, False, "one scalar loss"),
+    (lambda w, x: jnp.sum(x @ w), True, "(loss, aux)"),
+    (lambda w, x: (x @ w, 1.0), True, "shape (4, 8)"),
+])
+def test_loss_that_is_no_real_scalar_raises(fn, has_aux, shown):
+    step = remat_opt.optimize(fn, "1GiB", has_aux=has_aux, cache=False)
+    err = _raises(InvalidLossError, "fn", lambda: step.plan(W, X))
+    assert shown in str(err)
+    with pytest.raises(TypeError):  # jax.grad refuses the same function
+        jax.grad(fn, has_aux=has_aux)(W, X)
+
+
+# --- What fn closes over ----------------------------------------------------------------
+
+def _optimized_under(transform):
+    def outer(y):
+        step = remat_opt.optimize(lambda w, x: loss(w, x) * y, "1GiB", cache=False)
+        return step(W, X)
+
+    return lambda: transform(outer)(jnp.ones(()) if transform is not jax.vmap else jnp.ones(2))
+
+
+@pytest.mark.parametrize("transform", [jax.jit, jax.grad, jax.vmap], ids=["jit", "grad", "vmap"])
+def test_closure_over_a_traced_value_raises(transform):
+    err = _raises(ClosedOverTracerError, "fn", _optimized_under(transform))
+    assert "pass the value to fn as an argument" in str(err)
+
+
+def test_traced_value_passed_as_argument_plans():
+    @jax.jit
+    def outer(y):
+        step = remat_opt.optimize(lambda w, x, y: loss(w, x) * y, "1GiB", cache=False)
+        return jax.grad(step)(W, X, y)
+
+    np.testing.assert_allclose(outer(2.0), jax.grad(lambda w: loss(w, X) * 2.0)(W), rtol=1e-6)
+
+
+# --- Budgets ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("budget, error", [
+    (0, InvalidBudgetError),
+    (-1, InvalidBudgetError),
+    (np.int64(-5), InvalidBudgetError),
+    (1.5, InvalidBudgetError),
+    (float("nan"), InvalidBudgetError),
+    (float("inf"), InvalidBudgetError),
+    (-0.0, InvalidBudgetError),
+    ("", InvalidBudgetError),
+    ("lots", InvalidBudgetError),
+    ("12 parsecs", InvalidBudgetError),
+    ("-1GiB", InvalidBudgetError),
+    ("0.1 B", InvalidBudgetError),
+    ("1e-9 KiB", InvalidBudgetError),
+    ("512M", InvalidBudgetError),
+    (True, InvalidBudgetTypeError),
+    (None, InvalidBudgetTypeError),
+    ([1024], InvalidBudgetTypeError),
+    (b"1024", InvalidBudgetTypeError),
+    (1024j, InvalidBudgetTypeError),
+    (jnp.int32(1024), InvalidBudgetTypeError),
+])
+def test_bad_budgets_raise(budget, error):
+    err = _raises(error, "budget_bytes", lambda: remat_opt.optimize(loss, budget))
+    assert repr(budget)[:20] in str(err) or str(budget) in str(err)
