@@ -170,6 +170,7 @@ def body_plans(search: LoopSearch, options: SolverOptions, max_attempts: int) ->
     logger.info("scan body: %d equations, %d iterations; saving nothing in it peaks at %s on XLA",
                 len(graph.units), body.length, format_bytes(floor))
     cap, seen, stretch, compiles = (search.budget - floor) // body.length, {()}, 1, 0
+    measured = floor  # the last set measured: saving nothing, so far
     for _ in range(3 * max_attempts):  # solves; compiles are fewer (a repeated set is not measured)
         if cap <= 0 or compiles == max_attempts:
             break

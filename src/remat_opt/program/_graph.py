@@ -265,7 +265,8 @@ def build_graph(traced: TracedProgram, cost_model: CostModel | None = None) -> P
     input_readers: list[set[int]] = [set() for _ in in_avals]
     for i, eqn in enumerate(kj.eqns):
         idx = eqn_index_of(eqn.source_info.name_stack)
-        position = idx if idx is not None else position
+        # An equation JAX hoisted out of a rewritten loop's body carries only the body's scope.
+        position = idx if idx is not None and idx < len(closed.jaxpr.eqns) else position
         inputs = tuple(sorted({node_of[v] for v in eqn.invars if isinstance(v, core.Var) and v in node_of}))
         alias = -2
         if eqn.primitive.name in ALIASING_PRIMITIVES and len(eqn.invars) == 1 and len(eqn.outvars) == 1:

@@ -41,9 +41,16 @@ def parse_value_name(name: str) -> tuple[int, int] | None:
 
 
 def eqn_index_of(name_stack: object) -> int | None:
-    """The primal equation a (derived) equation came from, read off its name stack."""
+    """The primal equation a (derived) equation came from, read off its name stack.
+
+    The outermost scope is this program's: a program that is itself a rewrite
+    (a loop whose body the rewriter named) carries scopes of its own inside.
+    An equation JAX's partial evaluation hoists out of such a loop carries
+    only the body's scope; :func:`remat_opt.program._graph.build_graph` keeps
+    the position before it when that index is out of range.
+    """
     found = _SCOPE_RE.findall(str(name_stack))
-    return int(found[-1]) if found else None
+    return int(found[0]) if found else None
 
 
 def is_nameable(aval: Any) -> bool:
