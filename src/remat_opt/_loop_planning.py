@@ -166,7 +166,9 @@ def body_plans(search: LoopSearch, options: SolverOptions, max_attempts: int) ->
     graph = build_graph(body.program, search.cost_model)
     flops, program = search.program(LoopPlan(None, saved=()))
     floor = search.measure(program)
-    plans = [LoopCandidate(LoopPlan(None, saved=()), program, flops, floor, "OPTIMAL", 0.0, 0.0, 1)]
+    # Not a solver's choice: reported as a built-in loop plan is.
+    status, gap = ("FEASIBLE", 1.0) if flops > 0 else ("OPTIMAL", 0.0)
+    plans = [LoopCandidate(LoopPlan(None, saved=()), program, flops, floor, status, gap, 0.0, 1)]
     logger.info("scan body: %d equations, %d iterations; saving nothing in it peaks at %s on XLA",
                 len(graph.units), body.length, format_bytes(floor))
     cap, seen, stretch, compiles = (search.budget - floor) // body.length, {()}, 1, 0
