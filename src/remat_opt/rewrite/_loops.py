@@ -111,14 +111,15 @@ def loop_candidates(lengths: Sequence[int]) -> list[LoopPlan]:
     return plans
 
 
-def _planned_scan(eqn: core.JaxprEqn, invals: Sequence[Any], plan: LoopPlan) -> list[Any]:
+def _planned_scan(eqn: core.JaxprEqn, invals: Sequence[Any], plan: LoopPlan,
+                  named: ClosedJaxpr | None) -> list[Any]:
+    """The scan ``eqn`` under ``plan``; ``named``: its body flattened, to run with every value
+    named when ``plan`` saves names (``None`` otherwise)."""
     p = eqn.params
     (n_consts, n_carry), length, reverse = scan_counts(p), p["length"], p["reverse"]
     body_jaxpr: ClosedJaxpr = p["jaxpr"]
     consts = list(invals[:n_consts])
     carry, xs = tuple(invals[n_consts : n_consts + n_carry]), tuple(invals[n_consts + n_carry :])
-
-    named = flat_body(body_jaxpr) if plan.saved is not None else None
 
     def body(c: tuple, x: tuple) -> tuple[tuple, tuple]:
         if named is not None:
@@ -156,13 +157,15 @@ def loop_program(traced: TracedProgram, plan: LoopPlan) -> Callable[..., list[An
     closed = traced.jaxpr
     jaxpr = closed.jaxpr
     planned = set(planned_scans(traced))
+    # Flattened once, not at every trace of the program.
+    named = {i: flat_body(jaxpr.eqns[i].params["jaxpr"]) for i in planned} if plan.saved is not None else {}
 
     def program(*flat_args: Any) -> list[Any]:
         env: dict = dict(zip(jaxpr.constvars, closed.consts))
         env.update(zip(jaxpr.invars, flat_args))
         for i, eqn in enumerate(jaxpr.eqns):
             invals = [read_atom(env, v) for v in eqn.invars]
-            outs = _planned_scan(eqn, invals, plan) if i in planned else eval_eqn(eqn, invals)
+            outs = _planned_scan(eqn, invals, plan, named.get(i)) if i in planned else eval_eqn(eqn, invals)
             env.update(zip(eqn.outvars, outs))
         return [read_atom(env, v) for v in jaxpr.outvars]
 
