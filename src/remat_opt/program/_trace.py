@@ -49,8 +49,7 @@ from jax._src.interpreters import ad
 # whose .consts are the values of its constvars), so `.jaxpr`/`.consts` work on both.
 from jax.extend.core import ClosedJaxpr
 
-from .._errors import InvalidArgnumsError, InvalidArgnumsTypeError
-from .._errors import UnsupportedProgramError
+from .._errors import InvalidArgnumsError, InvalidArgnumsTypeError, UnsupportedProgramError
 from ._source import at_call_site
 from ._static import combine, differentiated, split
 
@@ -222,7 +221,8 @@ def normalize_argnums(argnums: int | Sequence[int], num_args: int) -> tuple[int,
         if not -num_args <= n < num_args:
             raise InvalidArgnumsError(
                 f"argnums={argnums!r} is out of range for a call with {num_args} positional "
-                f"argument(s); pass indices in [0, {num_args}) (or negative ones from -{num_args}).", argument="argnums", value=argnums
+                f"argument(s); pass indices in [0, {num_args}) (or negative ones from -{num_args}).",
+                argument="argnums", value=argnums,
             )
     normalized = [int(n) % num_args for n in nums]
     if len(set(normalized)) < len(normalized):
