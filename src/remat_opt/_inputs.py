@@ -29,12 +29,11 @@ from jax._src import core
 from ._errors import (
     ClosedOverTracerError,
     InvalidArgnumsError,
-    InvalidArgnumsTypeError,
     InvalidLossError,
     NonDifferentiableArgumentError,
 )
 from .program._static import combine, is_inexact_array, is_traced, split
-from .program._trace import normalize_argnums
+from .program._trace import argnum_indices, normalize_argnums
 
 __all__ = ["check_argnums", "check_call"]
 
@@ -46,17 +45,8 @@ def check_argnums(argnums: Any) -> None:
         InvalidArgnumsTypeError: not an int or a tuple/list of ints.
         InvalidArgnumsError: empty, or an index given twice.
     """
-    ints = (int, np.integer)
-    nums = (argnums,) if isinstance(argnums, ints) else argnums
-    if (isinstance(argnums, bool) or not isinstance(nums, (tuple, list))
-            or any(isinstance(n, bool) or not isinstance(n, ints) for n in nums)):
-        raise InvalidArgnumsTypeError(f"argnums must be an int or a tuple of ints; got {argnums!r} "
-                                      f"({type(argnums).__name__}). Pass indices of positional arguments, "
-                                      "as to jax.grad: argnums=0 or argnums=(0, 1).", argument="argnums", value=argnums)
-    if not nums:
-        raise InvalidArgnumsError("argnums must name at least one positional argument; got (). Pass argnums=0 "
-                                  "to differentiate the first.", argument="argnums", value=argnums)
-    if len({int(n) for n in nums}) < len(nums):
+    nums = argnum_indices(argnums)
+    if len(set(nums)) < len(nums):
         raise InvalidArgnumsError(f"argnums={argnums!r} names an argument more than once; pass each "
                                   "differentiated argument's index once.", argument="argnums", value=argnums)
 

@@ -193,6 +193,28 @@ def flatten_jaxpr(closed: ClosedJaxpr, unroll_limit: int = 0) -> tuple[ClosedJax
     return flat, inliner.unrolled
 
 
+def argnum_indices(argnums: Any) -> tuple[int, ...]:
+    """``argnums`` as a tuple of ints, its type and emptiness checked (what can be checked
+    before a call, with no count of positional arguments).
+
+    Raises:
+        InvalidArgnumsTypeError: ``argnums`` is not an int or a tuple/list of ints.
+        InvalidArgnumsError: it is empty.
+    """
+    ints = (int, np.integer)
+    nums = (argnums,) if isinstance(argnums, ints) else argnums
+    if (isinstance(argnums, bool) or not isinstance(nums, (tuple, list))
+            or any(isinstance(n, bool) or not isinstance(n, ints) for n in nums)):
+        raise InvalidArgnumsTypeError(f"argnums must be an int or a tuple of ints; got {argnums!r} "
+                                      f"({type(argnums).__name__}). Pass indices of positional arguments, "
+                                      "as to jax.grad: argnums=0 or argnums=(0, 1).",
+                                      argument="argnums", value=argnums)
+    if not nums:
+        raise InvalidArgnumsError("argnums must name at least one positional argument; got (). Pass "
+                                  "argnums=0 to differentiate the first.", argument="argnums", value=argnums)
+    return tuple(int(n) for n in nums)
+
+
 def normalize_argnums(argnums: int | Sequence[int], num_args: int) -> tuple[int, ...]:
     """Validates ``argnums`` against the number of positional arguments.
 
@@ -204,20 +226,8 @@ def normalize_argnums(argnums: int | Sequence[int], num_args: int) -> tuple[int,
         InvalidArgnumsError: it is empty, out of range for ``num_args`` positional
             arguments, or names an argument twice (``(0, 0)``, or ``(1, -1)`` of two).
     """
-    if isinstance(argnums, bool) or not isinstance(argnums, (int, np.integer, tuple, list)):
-        raise InvalidArgnumsTypeError(f"argnums must be an int or a tuple of ints; got {argnums!r}. Pass "
-                                      "indices of positional arguments, as to jax.grad.",
-                                      argument="argnums", value=argnums)
-    nums = (int(argnums),) if isinstance(argnums, (int, np.integer)) else tuple(argnums)
-    if not nums:
-        raise InvalidArgnumsError("argnums must name at least one positional argument; got (). Pass "
-                                  "argnums=0 to differentiate the first.",
-                                  argument="argnums", value=argnums)
+    nums = argnum_indices(argnums)
     for n in nums:
-        if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
-            raise InvalidArgnumsTypeError(f"argnums must contain ints; got {argnums!r}. Pass indices of "
-                                          "positional arguments, as to jax.grad.",
-                                          argument="argnums", value=argnums)
         if not -num_args <= n < num_args:
             raise InvalidArgnumsError(
                 f"argnums={argnums!r} is out of range for a call with {num_args} positional "
