@@ -22,6 +22,7 @@ from ._cache import CacheWarning as CacheWarning
 from ._budget import parse_bytes as parse_bytes
 from .program._cost import CostModel as CostModel
 from .program._cost import FlopCostModel as FlopCostModel
+from .program._cost import Interconnect as Interconnect
 from ._errors import InfeasibleBudgetError as InfeasibleBudgetError
 from ._errors import InvalidBudgetError as InvalidBudgetError
 from ._errors import InvalidBudgetTypeError as InvalidBudgetTypeError
@@ -52,6 +53,7 @@ __all__ = [
     "FlopCostModel",
     "Fragmentation",
     "InfeasibleBudgetError",
+    "Interconnect",
     "InvalidArgnumsError",
     "InvalidArgnumsTypeError",
     "InvalidBudgetError",

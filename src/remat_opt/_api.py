@@ -9,7 +9,7 @@ from typing import Any
 from ._budget import parse_bytes
 from ._inputs import check_argnums
 from ._optimize import OptimizedFunction
-from .program._cost import CostModel
+from .program._cost import CostModel, Interconnect
 from .solve._solve import SolverOptions
 
 
@@ -26,6 +26,8 @@ def optimize(
     compute_saved_once: bool = True,
     xla_facts: bool = True,
     cache: bool | str | os.PathLike = True,
+    interconnect: Interconnect | None = None,
+    in_shardings: Any = None,
 ) -> OptimizedFunction:
     """Places gradient checkpoints in ``fn`` so its gradient step fits ``budget_bytes``.
 
@@ -33,7 +35,10 @@ def optimize(
         fn: the loss function, returning a scalar.
         budget_bytes: peak bytes for ``jax.jit(jax.value_and_grad(fn))`` as XLA
             measures it (see :func:`peak_bytes`); an int or a string such as
-            ``"512MiB"`` or ``"2GB"``.
+            ``"512MiB"`` or ``"2GB"``. When the arguments are sharded over a
+            mesh (``jax.Array`` with a ``NamedSharding``, or
+            ``jax.ShapeDtypeStruct(..., sharding=...)``), the step is compiled
+            with those shardings and the budget is one device's peak.
         argnums: positional arguments that are differentiated.
         solver_options: CP-SAT settings (time limit, workers, seed).
         max_attempts: solves allowed until XLA confirms the budget.
@@ -67,6 +72,17 @@ def optimize(
             (:mod:`remat_opt._cache`): ``True`` for ``$REMAT_OPT_CACHE_DIR``, else
             ``~/.cache/remat_opt``; a folder; or ``False`` to plan every process
             anew. A loaded plan makes no solver call and compiles no candidate.
+            Plans of sharded programs are not kept on disk (yet).
+        interconnect: on a mesh, what a collective byte costs in FLOPs
+            (:class:`Interconnect`; default 100 GB/s links, 100 TFLOP/s
+            devices): recomputing an equation XLA lowered to a collective (an
+            FSDP weight's all-gather) is charged its bytes at that rate.
+        in_shardings: the arguments' layout on a mesh, as ``jax.jit`` takes it
+            (a sharding per positional argument, or a pytree prefix of it):
+            for calls on tracers or unplaced arrays, which carry none. Arrays
+            already placed on a mesh need none. Under ``jax.jit`` without
+            it, a call takes the plan made for the same shapes on a mesh by
+            an earlier :meth:`~OptimizedFunction.plan` or call on the arrays.
 
     Returns:
         An :class:`OptimizedFunction` with ``fn``'s signature and values.
@@ -100,7 +116,10 @@ def optimize(
     for flag, value in (("compute_saved_once", compute_saved_once), ("xla_facts", xla_facts)):
         if not isinstance(value, bool):
             raise TypeError(f"{flag} must be a bool; got {value!r}.")
+    if interconnect is not None and not isinstance(interconnect, Interconnect):
+        raise TypeError(f"interconnect must be a remat_opt.Interconnect; got {type(interconnect).__name__}.")
     if not isinstance(cache, (bool, str, os.PathLike)):
         raise TypeError(f"cache must be True, False or a folder (str or os.PathLike); got {cache!r}.")
     return OptimizedFunction(fn, budget, argnums, solver_options or SolverOptions(), max_attempts, cost_model,
-                             has_aux, unroll_scans, compute_saved_once, xla_facts, cache)
+                             has_aux, unroll_scans, compute_saved_once, xla_facts, cache,
+                             interconnect, in_shardings)

@@ -31,14 +31,15 @@ from ._cache import (CacheEntryError, cache_directory, entry_loop_plan, entry_pa
 from ._forward import forward_mode
 from ._inputs import check_call
 from .solve._chen import chen_schedules
-from .program._cost import CostModel
+from .program._cost import CostModel, Interconnect
 from ._errors import InfeasibleBudgetError
 from .memory._facts import (check_known, model_graph, read_plain, unknown_of, unknown_primitives,
                             with_memory_facts)
 from .program._graph import ProgramGraph, build_graph
 from ._loop_planning import LoopSearch, body_plans, loop_plans
 from .rewrite._loops import loop_program
-from .memory._measure import abstract, gradient_flops, peak_bytes
+from .memory._measure import abstract, gradient_flops, gradient_step, memory_of, mesh_sharding, peak_bytes
+from .memory._sharded import collective_bytes, is_sharded, sharded_graph, with_shardings
 from .memory._simulate import calibrate, simulate
 from .solve._nesting import nested_candidates
 from .solve._policy_saves import policy_schedules
@@ -54,12 +55,13 @@ from .program._trace import with_signature, TracedProgram, normalize_argnums, tr
 @dataclass(frozen=True)
 class _Signature:
     static: Static  # the tree structure and its static leaves (by equality, or identity)
-    avals: tuple[tuple[tuple[int, ...], str], ...]
+    avals: tuple[tuple[tuple[int, ...], str, Any], ...]  # shape, dtype, sharding over a mesh (or None)
 
 
 def _signature(args: tuple, kwargs: dict) -> _Signature:
     leaves, static = split((args, kwargs))
-    return _Signature(static, tuple((tuple(jax.numpy.shape(x)), str(jax.numpy.result_type(x))) for x in leaves))
+    return _Signature(static, tuple((tuple(jax.numpy.shape(x)), str(jax.numpy.result_type(x)), mesh_sharding(x))
+                                    for x in leaves))
 
 
 logger = logging.getLogger("remat_opt")
@@ -91,6 +93,8 @@ class OptimizedFunction:
         compute_saved_once: bool = True,
         xla_facts: bool = True,
         cache: bool | str | os.PathLike = False,
+        interconnect: Interconnect | None = None,
+        in_shardings: Any = None,
     ):
         self.fn = fn
         self.budget_bytes = budget_bytes
@@ -103,6 +107,8 @@ class OptimizedFunction:
         self.compute_saved_once = compute_saved_once
         self.xla_facts = xla_facts
         self.cache = cache
+        self.interconnect = interconnect or Interconnect()
+        self.in_shardings = in_shardings
         self._cache: dict[_Signature, tuple[Plan, Callable[..., Any]]] = {}
         functools.update_wrapper(self, fn)
 
@@ -120,11 +126,26 @@ class OptimizedFunction:
         return self._planned(args, kwargs)[0]
 
     def _planned(self, args: tuple, kwargs: dict) -> tuple[Plan, Callable[..., Any]]:
-        key = _signature(args, kwargs)
+        specs, kwargs_specs = with_shardings(abstract(args), self.in_shardings), abstract(kwargs)
+        key = _signature(specs, kwargs_specs)
         if key not in self._cache:
+            twin = self._sharded_twin(key)
+            if twin is not None:
+                return twin
             check_call(self.fn, args, kwargs, self.argnums, self.has_aux)  # remat_opt._inputs: typed errors
-            self._cache[key] = self._cached_plan(abstract(args), abstract(kwargs))
+            self._cache[key] = self._cached_plan(specs, kwargs_specs)
         return self._cache[key]
+
+    def _sharded_twin(self, key: _Signature) -> tuple[Plan, Callable[..., Any]] | None:
+        """Under ``jax.jit`` the arguments are tracers, which carry no mesh
+        layout: a call whose leaves have no sharding takes the plan made for
+        the same shapes on a mesh (by :meth:`plan` or a call on the arrays)."""
+        if any(sharding is not None for *_, sharding in key.avals):
+            return None
+        for other, planned in self._cache.items():
+            if other.static == key.static and [a[:2] for a in other.avals] == [a[:2] for a in key.avals]:
+                return planned
+        return None
 
     def _make_plan(self, args: tuple, kwargs: dict) -> tuple[Plan, Callable[..., Any]]:
         argnums = normalize_argnums(self.argnums, len(args))
@@ -132,7 +153,9 @@ class OptimizedFunction:
         # fn as written, loops whole: what a plain plan and the loop plans run.
         whole = trace(self.fn, args, kwargs, argnums) if traced.unrolled_scans else traced
         nums = argnums if len(argnums) > 1 else argnums[0]
-        graph = build_graph(traced, self.cost_model)
+        # On a mesh, values take one device's bytes and collectives their cost (memory._sharded).
+        graph, partitioned = sharded_graph(build_graph(traced, self.cost_model), self.fn, args, kwargs, nums,
+                                           self.has_aux, self.interconnect)
         # XLA's account of the program, for what no rule of the model knows.
         compiled = (read_plain(self.fn, traced, args, kwargs, nums, self.has_aux)
                     if self.xla_facts and unknown_primitives(graph) else None)
@@ -140,8 +163,30 @@ class OptimizedFunction:
             check_known(graph)
         graph = with_memory_facts(graph, compiled)
 
+        collectives: dict[int, int] = {}  # id of each program measured on a mesh: XLA's collective bytes
+        measured: list[Callable[..., Any]] = []  # ...kept alive while the ids stand for them
+
         def measure(f: Callable[..., Any]) -> int:
-            return peak_bytes(f, *args, argnums=nums, has_aux=self.has_aux, **kwargs)
+            if partitioned is None:
+                return peak_bytes(f, *args, argnums=nums, has_aux=self.has_aux, **kwargs)
+            step, step_args, step_kwargs = gradient_step(f, args, kwargs, nums, self.has_aux)
+            compiled = jax.jit(step).lower(*abstract(step_args), **abstract(step_kwargs)).compile()
+            collectives[id(f)] = collective_bytes(compiled.as_text())
+            measured.append(f)
+            return memory_of(compiled)
+
+        planned = self._search(traced, whole, graph, args, kwargs, argnums, nums, measure, compiled)
+        if partitioned is None:
+            return planned
+        plan, program = planned
+        return dataclasses.replace(plan, collective_bytes=collectives[id(program)],
+                                   plain_collective_bytes=collectives[id(self.fn)],
+                                   collective_flops_per_byte=self.interconnect.flops_per_byte), program
+
+    def _search(self, traced: TracedProgram, whole: TracedProgram, graph: ProgramGraph, args: tuple, kwargs: dict,
+                argnums: tuple[int, ...], nums: Any, measure: Callable[[Callable[..., Any]], int],
+                compiled: Any) -> tuple[Plan, Callable[..., Any]]:
+        """The plan that fits with the fewest recomputed FLOPs, of all strategies measured."""
 
         baseline_flops = gradient_flops(self.fn, args, kwargs, nums, self.cost_model, self.has_aux)
         plain_peak = measure(self.fn)
@@ -424,7 +469,7 @@ class OptimizedFunction:
         builds its graph, and rewrites it from the stored decisions: no solver
         call, no compile. The plan keeps the figures measured when it was made."""
         directory = cache_directory(self.cache)
-        if directory is None:
+        if directory is None or is_sharded(args, kwargs):  # entries do not key on shardings yet
             return self._make_plan(args, kwargs)
         argnums = normalize_argnums(self.argnums, len(args))
         whole = trace(self.fn, args, kwargs, argnums)

@@ -68,6 +68,13 @@ class Plan:
         segment_peaks: the model's peak during each segment's backward, in
             segment order (the backward runs them last to first); empty for
             a strategy the model does not describe.
+        collective_bytes: on a mesh, the bytes the planned step's collectives
+            move per device, as XLA compiled it (every all-gather, all-reduce,
+            reduce-scatter, all-to-all and collective-permute, a conditional's
+            branches included); ``None`` for a program on one device.
+        plain_collective_bytes: the same for the step as written.
+        collective_flops_per_byte: the FLOPs one collective byte cost the
+            planner (:class:`remat_opt.Interconnect`); 0 off a mesh.
     """
 
     graph: nx.DiGraph = field(repr=False, compare=False)
@@ -88,6 +95,17 @@ class Plan:
     loop_plan: LoopPlan | None = None
     computed_once: int = 0
     segment_peaks: tuple[int, ...] = ()
+    collective_bytes: int | None = None
+    plain_collective_bytes: int | None = None
+    collective_flops_per_byte: float = 0.0
+
+    @property
+    def recompute_collective_bytes(self) -> int | None:
+        """Collective bytes per device the plan moves beyond the step as written
+        (an FSDP weight gathered again in the backward); ``None`` off a mesh."""
+        if self.collective_bytes is None or self.plain_collective_bytes is None:
+            return None
+        return self.collective_bytes - self.plain_collective_bytes
 
     @property
     def num_segments(self) -> int | None:

@@ -30,11 +30,36 @@ from ..program._trace import normalize_argnums
 
 def abstract(tree: Any) -> Any:
     """``tree`` with every traced leaf replaced by its ``jax.ShapeDtypeStruct``
-    (static leaves are kept as they are)."""
-    return jax.tree_util.tree_map(
-        lambda x: jax.ShapeDtypeStruct(jax.numpy.shape(x), jax.numpy.result_type(x)) if is_traced(x) else x,
-        tree,
-    )
+    (static leaves are kept as they are).
+
+    A leaf placed on a mesh keeps its sharding (:func:`mesh_sharding`), so a
+    program compiled on the abstract arguments is partitioned as it is on the
+    real ones and XLA's ``memory_analysis()`` describes one device's share.
+    """
+    def spec(x: Any) -> Any:
+        shape, dtype = jax.numpy.shape(x), jax.numpy.result_type(x)
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=mesh_sharding(x))
+
+    return jax.tree_util.tree_map(lambda x: spec(x) if is_traced(x) else x, tree)
+
+
+def mesh_sharding(x: Any) -> jax.sharding.Sharding | None:
+    """The sharding of an argument laid out over several devices, else ``None``.
+
+    A ``jax.Array`` or ``jax.ShapeDtypeStruct`` with a sharding that spans more
+    than one device (a ``NamedSharding`` on a ``Mesh``, a
+    ``PositionalSharding``...) keeps it; an array on one device, a NumPy array
+    and a tracer have none, so single-device programs compile as before.
+    """
+    if isinstance(x, jax.core.Tracer) or not isinstance(x, (jax.Array, jax.ShapeDtypeStruct)):
+        return None
+    sharding = getattr(x, "sharding", None)
+    if not isinstance(sharding, jax.sharding.Sharding):
+        return None
+    try:
+        return sharding if len(sharding.device_set) > 1 else None
+    except Exception:  # an abstract sharding (no devices yet) is not a layout to compile for
+        return None
 
 
 def gradient_step(

@@ -316,3 +316,45 @@ def jaxpr_flops(jaxpr: Jaxpr | ClosedJaxpr, cost_model: CostModel | None = None)
 
 
 _DEFAULT_MODEL = FlopCostModel()
+
+
+@dataclass(frozen=True)
+class Interconnect:
+    """What a collective costs, in the FLOPs the planner minimizes.
+
+    In a sharded program, recomputing an equation XLA lowered to a collective
+    (an FSDP weight's all-gather) moves its bytes over the devices' links
+    again. That takes ``bytes / link_bytes_per_second`` seconds, in which the
+    device could have run ``device_flops_per_second`` times as many FLOPs; so
+    a collective byte costs ``device_flops_per_second / link_bytes_per_second``
+    FLOPs (:attr:`flops_per_byte`).
+
+    The defaults, 100 GB/s per link and 100 TFLOP/s per device (1000 FLOPs
+    per byte), are the order of one TPU v4 ICI link or a PCIe-class GPU link
+    against a bf16 matmul unit; set them for your machine.
+
+    Attributes:
+        link_bytes_per_second: bandwidth of one device's link, bytes per second.
+        device_flops_per_second: the device's compute rate, FLOPs per second.
+
+    Example:
+        >>> Interconnect(link_bytes_per_second=400e9).flops_of(1_000_000)
+        250000000
+    """
+
+    link_bytes_per_second: float = 100e9
+    device_flops_per_second: float = 100e12
+
+    def __post_init__(self) -> None:
+        for name in ("link_bytes_per_second", "device_flops_per_second"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"{name} must be a positive number; got {value!r}.")
+
+    @property
+    def flops_per_byte(self) -> float:
+        return self.device_flops_per_second / self.link_bytes_per_second
+
+    def flops_of(self, collective_bytes: int) -> int:
+        """The FLOPs the device could run while ``collective_bytes`` cross its link."""
+        return int(round(collective_bytes * self.flops_per_byte))
