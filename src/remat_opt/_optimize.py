@@ -39,7 +39,7 @@ from .program._graph import ProgramGraph, build_graph
 from ._loop_planning import LoopSearch, body_plans, loop_plans
 from .rewrite._loops import loop_program
 from .memory._measure import abstract, gradient_flops, gradient_step, memory_of, mesh_sharding, peak_bytes
-from .memory._sharded import collective_bytes, is_sharded, sharded_graph, with_shardings
+from .memory._sharded import Partitioned, collective_bytes, collective_decisions, is_sharded, sharded_graph, with_shardings
 from .memory._simulate import calibrate, simulate
 from .solve._nesting import nested_candidates
 from .solve._policy_saves import policy_schedules
@@ -179,9 +179,18 @@ class OptimizedFunction:
         if partitioned is None:
             return planned
         plan, program = planned
-        return dataclasses.replace(plan, collective_bytes=collectives[id(program)],
-                                   plain_collective_bytes=collectives[id(self.fn)],
-                                   collective_flops_per_byte=self.interconnect.flops_per_byte), program
+        return self._on_mesh(plan, graph, partitioned, collectives[id(program)], collectives[id(self.fn)]), program
+
+    def _on_mesh(self, plan: Plan, graph: ProgramGraph, partitioned: Partitioned, measured_collectives: int,
+                 plain_collectives: int) -> Plan:
+        """``plan`` with XLA's collective bytes, and per collective equation its decision
+        (from the plan's graph, when it is ``graph``'s: not a loop plan's)."""
+        same = plan.loop_plan is None and plan.graph.number_of_nodes() == graph.nx_graph().number_of_nodes()
+        decisions = dict(plan.graph.nodes(data="decision")) if same else {}
+        return dataclasses.replace(plan, collective_bytes=measured_collectives,
+                                   plain_collective_bytes=plain_collectives,
+                                   collective_flops_per_byte=self.interconnect.flops_per_byte,
+                                   collectives=collective_decisions(graph, partitioned, decisions) if same else ())
 
     def _search(self, traced: TracedProgram, whole: TracedProgram, graph: ProgramGraph, args: tuple, kwargs: dict,
                 argnums: tuple[int, ...], nums: Any, measure: Callable[[Callable[..., Any]], int],

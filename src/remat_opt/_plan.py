@@ -12,6 +12,7 @@ from . import _report
 from ._budget import format_bytes
 from ._schedule import Schedule, Simulation
 from .memory._fragmentation import Fragmentation
+from .memory._sharded import Collective
 from .program._graph import ProgramGraph
 from .rewrite._loops import LoopPlan
 
@@ -75,6 +76,10 @@ class Plan:
         plain_collective_bytes: the same for the step as written.
         collective_flops_per_byte: the FLOPs one collective byte cost the
             planner (:class:`remat_opt.Interconnect`); 0 off a mesh.
+        collectives: on a mesh, each forward equation XLA lowered to a
+            collective (an FSDP layer's weight gather) with the plan's decision
+            on its value: saved, gathered again in the backward, or held
+            (:class:`remat_opt.memory._sharded.Collective`).
     """
 
     graph: nx.DiGraph = field(repr=False, compare=False)
@@ -98,6 +103,7 @@ class Plan:
     collective_bytes: int | None = None
     plain_collective_bytes: int | None = None
     collective_flops_per_byte: float = 0.0
+    collectives: tuple[Collective, ...] = ()
 
     @property
     def recompute_collective_bytes(self) -> int | None:
@@ -177,7 +183,19 @@ class Plan:
             f"predicted peak {predicted}, measured {measured}{plain}; {decisions}; "
             f"recompute {self.recompute_flops:,} FLOPs (+{self.recompute_overhead:.1%}); "
             f"solved in {self.solve_seconds:.2f}s, {self.attempts} attempt(s); jax {self.jax_version}"
+            + self._collective_summary()
         )
+
+    def _collective_summary(self) -> str:
+        """On a mesh: the collective bytes XLA counts, and per collective equation its decision."""
+        if self.collective_bytes is None:
+            return ""
+        again = sum(c.bytes for c in self.collectives if c.decision == "gathered again")
+        lines = [f"; collectives {format_bytes(self.collective_bytes)} per device "
+                 f"(plain {format_bytes(self.plain_collective_bytes or 0)}), of which the plan gathers "
+                 f"{format_bytes(again)} again"]
+        lines += [f"\n  {c.primitive} at {c.source}: {format_bytes(c.bytes)}, {c.decision}" for c in self.collectives]
+        return "".join(lines)
 
 
 def annotate(graph: ProgramGraph, sim: Simulation) -> nx.DiGraph:

@@ -42,7 +42,7 @@ from ..program._graph import ProgramGraph, Unit, _crossing_profile, aval_bytes
 from ..program._names import eval_program
 from ..program._static import split
 from ..program._trace import TracedProgram, with_signature
-from ._compiled import _ARRAY, _EQN, parse_module
+from ._compiled import _ARRAY, _EQN, _compiled_afresh, parse_module
 from ._measure import abstract, gradient_step, memory_of, mesh_sharding
 
 _COLLECTIVE = re.compile(r"^(all-gather|all-reduce|reduce-scatter|all-to-all|collective-permute)(-start)?$")
@@ -112,7 +112,8 @@ def read_partitioned(fn: Callable[..., Any], traced: TracedProgram, args: tuple,
     every equation in its name scope, and reads its partitioned forward."""
     program = with_signature(fn, traced, lambda *flat: eval_program(traced.jaxpr, flat))
     step, step_args, step_kwargs = gradient_step(program, args, kwargs, argnums, has_aux)
-    compiled = jax.jit(step).lower(*abstract(step_args), **abstract(step_kwargs)).compile()
+    with _compiled_afresh():  # an executable from JAX's disk cache may have lost its op_name metadata
+        compiled = jax.jit(step).lower(*abstract(step_args), **abstract(step_kwargs)).compile()
     text = compiled.as_text()
     _, computations = parse_module(text)
     forward = []
@@ -261,3 +262,38 @@ def with_shardings(args: tuple, in_shardings: Any) -> tuple:
     except ValueError as err:  # the structures differ
         raise TypeError(f"in_shardings does not match the arguments' pytrees ({err}); give a sharding per "
                         "argument, or a pytree prefix of it.") from err
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One forward equation XLA lowered to a collective, and what a plan does with its value.
+
+    Attributes:
+        primitive: the equation's primitive (``sharding_constraint`` for an
+            explicit FSDP gather, ``dot_general`` for one XLA put before a dot).
+        source: the user's source line.
+        bytes: bytes its collectives move per device, once.
+        decision: ``"saved"`` (stored for the backward), ``"gathered again"``
+            (recomputed in the backward: the collective runs twice) or
+            ``"held"`` (code that runs as written: XLA keeps the value).
+    """
+
+    primitive: str
+    source: str
+    bytes: int
+    decision: str
+
+
+_DECISIONS = {"save": "saved", "recompute": "gathered again", "output": "saved"}
+
+
+def collective_decisions(graph: ProgramGraph, partitioned: Partitioned, decisions: dict[int, str]) -> tuple[
+        Collective, ...]:
+    """Per collective equation, in program order, the plan's decision on its value
+    (``decisions``: node id to the plan graph's ``decision`` attribute)."""
+    out = []
+    for index, size in sorted(unit_collective_bytes(graph, partitioned).items()):
+        unit = graph.units[index]
+        decision = decisions.get(unit.outputs[0], "free") if unit.outputs else "free"
+        out.append(Collective(unit.primitive, unit.source, size, _DECISIONS.get(decision, "held")))
+    return tuple(out)

@@ -1,0 +1,141 @@
+"""Sharded programs on 8 simulated CPU devices, run in a process of their own.
+
+jax must see 8 devices from its start (``XLA_FLAGS=--xla_force_host_platform_device_count=8``),
+so ``tests/test_spmd.py`` runs this script in a subprocess and checks what it prints: one JSON
+object per case, with XLA's per-device peaks, the gradients' error against the unsharded
+``jax.grad``, and the fenced per-layer policies measured the same way.
+
+The model: the zoo MLP on a 2×4 mesh, sharded three ways with JAX's own SPMD partitioner
+(``jax.jit`` over ``NamedSharding`` arguments):
+
+- ``dp``: data parallel, the batch over all 8 devices, the parameters replicated;
+- ``fsdp``: the batch and every weight's rows over all 8 devices, each layer gathering its
+  weights (``with_sharding_constraint`` to replicated, inside the layer, as Flax and MaxText
+  gather them): a gathered weight is a value the plan saves or gathers again;
+- ``dp_tp``: the batch over ``data`` (2), the weights over ``model`` (4), Megatron-style
+  (a column-parallel layer, then a row-parallel one);
+
+and one ``shard_map`` program (``shard_map``): the same MLP written per device, data parallel,
+its gradient summed with ``psum``.
+
+Usage: ``python tests/spmd_checks.py [case ...]``.
+"""
+
+import os
+
+os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+
+import json  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
+
+import remat_opt  # noqa: E402
+from remat_opt.baselines._reference import policy_plan, reference  # noqa: E402
+from remat_opt.rewrite._policies import layer_policy_program  # noqa: E402
+from remat_opt.zoo import mlp  # noqa: E402
+
+CONFIG = mlp.MLPConfig(depth=4, width=256, batch=1024)
+BUDGET_SHARES = {"dp": (0.85,), "fsdp": (0.85,), "dp_tp": (0.97,)}
+"""Budgets per case, as shares of the plain per-device peak (the experiment sweeps more). Tensor
+parallelism leaves less to remat: its lowest reachable peak on this MLP is about 0.96."""
+POLICIES = ("nothing_saveable", "dots_saveable")
+SOLVER = remat_opt.SolverOptions(deterministic_time_limit=2.0, num_workers=2)
+
+
+def mesh() -> jax.sharding.Mesh:
+    auto = (jax.sharding.AxisType.Auto,) * 2
+    return jax.make_mesh((2, 4), ("data", "model"), axis_types=auto)
+
+
+def make_loss(case: str, m: jax.sharding.Mesh):
+    """The loss of a case, taking the zoo's ``layer_wrapper`` (for the per-layer policies)."""
+    replicated = NamedSharding(m, P())
+
+    def gathered(layer):  # FSDP: the layer's weights all-gathered where the layer runs
+        return lambda p, x: layer(jax.tree.map(lambda w: jax.lax.with_sharding_constraint(w, replicated), p), x)
+
+    def loss(params, batch, layer_wrapper=None):
+        wrap = layer_wrapper or (lambda f: f)
+        if case == "fsdp":
+            return mlp.loss(params, batch, layer_wrapper=lambda f: wrap(gathered(f)))
+        return mlp.loss(params, batch, layer_wrapper=layer_wrapper)
+
+    return loss
+
+
+def layouts(case: str, params) -> tuple:
+    """Partition specs of the parameters and of the batch."""
+    layers = params["layers"]
+    if case == "dp":
+        return jax.tree.map(lambda _: P(), params), P(("data", "model"))
+    if case == "fsdp":
+        return {"layers": [{"w": P(("data", "model"), None), "b": P()} for _ in layers]}, P(("data", "model"))
+    column, row = {"w": P(None, "model"), "b": P("model")}, {"w": P("model", None), "b": P()}
+    return {"layers": [column if i % 2 == 0 else row for i in range(len(layers))]}, P("data")
+
+
+def relative_error(got, want) -> float:
+    """The largest gradient error, each leaf's relative to its largest entry."""
+    return max(float(np.max(np.abs(np.asarray(g) - np.asarray(w))) / (np.max(np.abs(np.asarray(w))) or 1.0))
+               for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)))
+
+
+def baselines(loss, args, budget: int) -> dict:
+    """The fenced per-layer policies (the per-layer plans XLA does not undo), measured as the plan is."""
+    ref = reference(loss, args, {}, 0, budget, None)
+    out = {}
+    for policy in POLICIES:
+        plan = policy_plan(ref, f"fenced_layer_checkpoint/{policy}", layer_policy_program(loss, policy, fenced=True))
+        out[policy] = {"peak": plan.measured_peak_bytes, "flops": plan.measured_recompute_flops}
+    return out
+
+
+def gathers(plan: remat_opt.Plan) -> list[dict]:
+    """Per collective equation (an FSDP layer's gather), the plan's decision on its value."""
+    return [{"primitive": c.primitive, "bytes": c.bytes, "decision": c.decision} for c in plan.collectives]
+
+
+def run_case(case: str) -> dict:
+    started = time.perf_counter()
+    m = mesh()
+    params, batch = mlp.init(CONFIG, jax.random.key(0))
+    loss = make_loss(case, m)
+    pspec, bspec = layouts(case, params)
+    args = (jax.tree.map(lambda a, s: jax.device_put(a, NamedSharding(m, s)), params, pspec),
+            jax.tree.map(lambda a: jax.device_put(a, NamedSharding(m, bspec)), batch))
+    plain = remat_opt.peak_bytes(loss, *args)
+    want = jax.grad(loss)(params, batch)  # unsharded, one device
+    results = []
+    for share in BUDGET_SHARES.get(case, (0.85,)):
+        budget, refused = int(plain * share), None
+        try:
+            step = remat_opt.optimize(loss, budget, cache=False, solver_options=SOLVER)
+            plan = step.plan(*args)
+        except remat_opt.InfeasibleBudgetError as err:  # below reach: the budget the error names
+            refused, budget = budget, err.min_budget_bytes
+            step = remat_opt.optimize(loss, budget, cache=False, solver_options=SOLVER)
+            plan = step.plan(*args)
+        got = jax.jit(jax.grad(step))(*args)
+        results.append({
+            "budget": budget, "refused": refused, "measured": plan.measured_peak_bytes, "predicted": plan.predicted_peak_bytes,
+            "recompute_flops": plan.measured_recompute_flops, "status": plan.status,
+            "collective_bytes": plan.collective_bytes, "plain_collective_bytes": plan.plain_collective_bytes,
+            "remeasured": remat_opt.peak_bytes(step, *args), "grad_error": relative_error(got, want),
+            "baselines": baselines(loss, args, budget), "gathers": gathers(plan), "report": str(plan),
+        })
+    return {"case": case, "plain": plain, "global_plain": remat_opt.peak_bytes(loss, params, batch),
+            "results": results, "seconds": time.perf_counter() - started}
+
+
+def main(cases: list[str]) -> None:
+    for case in cases:
+        print(json.dumps(run_case(case)), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:] or ["dp", "fsdp", "dp_tp"])
