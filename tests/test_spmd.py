@@ -56,8 +56,8 @@ def test_recompute_at_most_each_fitting_policy(runs, case):
             if b["peak"] <= r["budget"]:
                 compared += 1
                 assert r["recompute_flops"] <= b["flops"], (policy, r["recompute_flops"], b["flops"])
-    if case in ("dp", "fsdp"):
-        assert compared  # at those budgets a per-layer policy fits, so the comparison is not vacuous
+    if case == "fsdp":
+        assert compared  # at this budget a per-layer policy fits, so the comparison is not vacuous
 
 
 def test_fsdp_reports_each_gathered_weight(runs):

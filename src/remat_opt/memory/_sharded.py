@@ -65,6 +65,7 @@ class _Forward:
     dims: tuple[int, ...]
     itemsize: int
     collective_bytes: int
+    argument: str = ""  # a collective XLA names after the argument it moves (jax 0.12): its key path
 
 
 @dataclass(frozen=True)
@@ -120,6 +121,12 @@ def read_partitioned(fn: Callable[..., Any], traced: TracedProgram, args: tuple,
     for body in computations.values():
         for i in body:
             found = _EQN.findall(i.op_name)
+            if not found and _COLLECTIVE.match(i.opcode) and "[" in i.op_name and "(" not in i.op_name:
+                # jax 0.12 names a weight's gather after the argument: charged to its first reader
+                path = i.op_name.replace("\\", "")
+                forward.append(_Forward(-1, "", (), 0, _instruction_collective(i.opcode, i.shape),
+                                        path[path.index("["):]))
+                continue
             if not found or "transpose(" in i.op_name or ":" in i.op_name:  # backward, or merged ops
                 continue
             arrays = _shapes(i.shape) if _ARRAY.match(i.shape) else []
@@ -212,10 +219,21 @@ def unit_collective_bytes(graph: ProgramGraph, partitioned: Partitioned) -> dict
         at.setdefault(unit.position, []).append(unit)
     out: dict[int, int] = {}
     for f in partitioned.forward:
-        if f.collective_bytes and f.eqn in at:
+        reader = _first_reader(graph, f.argument) if f.argument and f.collective_bytes else None
+        if reader is not None:
+            out[reader] = out.get(reader, 0) + f.collective_bytes
+        elif f.collective_bytes and f.eqn in at:
             owner = next((u for u in at[f.eqn] if u.primitive == f.primitive), at[f.eqn][0])
             out[owner.index] = out.get(owner.index, 0) + f.collective_bytes
     return out
+
+
+def _first_reader(graph: ProgramGraph, key_path: str) -> int | None:
+    """The first unit reading the argument at ``key_path`` (``['layers'][0]['w']``)."""
+    for label, readers in zip(graph.input_labels, graph.input_readers):
+        if label.endswith(key_path) and readers:
+            return min(readers)
+    return None
 
 
 def sharded_graph(graph: ProgramGraph, fn: Callable[..., Any], args: tuple, kwargs: dict,

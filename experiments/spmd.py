@@ -1,0 +1,115 @@
+"""Sharded training: per-device peak against recompute, three shardings, beside the built-in policies.
+
+The cases of ``tests/spmd_checks.py`` (the zoo MLP on a 2×4 mesh of simulated CPU devices: data
+parallel, FSDP over 8 with per-layer weight gathers, data 2 × tensor 4), each planned by
+``remat_opt.optimize`` at a few per-device budgets and measured beside the fenced per-layer
+built-in policies. Each row: XLA's per-device peak, the recomputed FLOPs (counted on the
+jaxpr) and the collective bytes per device (counted on XLA's compiled step).
+
+    python experiments/spmd.py [--cases dp fsdp dp_tp] [--shares 0.95 0.9 0.85]
+
+Writes ``experiments/results/spmd.csv`` (and ``spmd.png`` when matplotlib is installed).
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+
+import argparse  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import jax  # noqa: E402
+from jax.sharding import NamedSharding  # noqa: E402
+
+import remat_opt  # noqa: E402
+from remat_opt.memory._measure import abstract, gradient_flops, gradient_step  # noqa: E402
+from remat_opt.memory._sharded import collective_bytes  # noqa: E402
+from remat_opt.rewrite._policies import layer_policy_program  # noqa: E402
+from remat_opt.zoo import mlp  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from common import RESULTS, MiB, command, stamp, write_csv  # noqa: E402
+from spmd_checks import CONFIG, POLICIES, SOLVER, layouts, make_loss, mesh  # noqa: E402
+
+
+def measured(fn, args) -> tuple[int, int]:
+    """XLA's per-device peak and collective bytes for the gradient step of ``fn``."""
+    step, step_args, _ = gradient_step(fn, args, {}, 0, False)
+    compiled = jax.jit(step).lower(*abstract(step_args)).compile()
+    m = compiled.memory_analysis()
+    peak = m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes - m.alias_size_in_bytes
+    return int(peak), collective_bytes(compiled.as_text())
+
+
+def run_case(case: str, shares: list[float]) -> list[dict]:
+    m = mesh()
+    params, batch = mlp.init(CONFIG, jax.random.key(0))
+    loss = make_loss(case, m)
+    pspec, bspec = layouts(case, params)
+    args = (jax.tree.map(lambda a, s: jax.device_put(a, NamedSharding(m, s)), params, pspec),
+            jax.tree.map(lambda a: jax.device_put(a, NamedSharding(m, bspec)), batch))
+    base = gradient_flops(loss, args, {}, 0)
+    plain, plain_coll = measured(loss, args)
+    rows = [dict(case=case, strategy="plain", budget=None, peak=plain, recompute_flops=0, overhead=0.0,
+                 collective_bytes=plain_coll)]
+    for policy in POLICIES:
+        program = layer_policy_program(loss, policy, fenced=True)
+        peak, coll = measured(program, args)
+        flops = gradient_flops(program, args, {}, 0) - base
+        rows.append(dict(case=case, strategy=f"fenced_layer/{policy}", budget=None, peak=peak,
+                         recompute_flops=flops, overhead=flops / base, collective_bytes=coll))
+    for share in shares:
+        budget = int(plain * share)
+        try:
+            plan = remat_opt.optimize(loss, budget, cache=False, solver_options=SOLVER).plan(*args)
+        except remat_opt.InfeasibleBudgetError as err:
+            print(f"{case} at {share:.2f}: below reach ({err.min_budget_bytes / MiB:.2f} MiB is)")
+            continue
+        rows.append(dict(case=case, strategy=f"remat_opt@{share:.2f}", budget=budget, peak=plan.measured_peak_bytes,
+                         recompute_flops=plan.measured_recompute_flops,
+                         overhead=plan.measured_recompute_flops / base, collective_bytes=plan.collective_bytes))
+        print(plan)
+    for r in rows:
+        print(f"  {case:6s} {r['strategy']:34s} {r['peak'] / MiB:7.3f} MiB/device  +{r['overhead']:6.1%} FLOPs  "
+              f"{r['collective_bytes'] / MiB:7.3f} MiB collectives")
+    return rows
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no PNG")
+        return
+    cases = sorted({r["case"] for r in rows})
+    fig, axes = plt.subplots(1, len(cases), figsize=(5 * len(cases), 4), squeeze=False)
+    for ax, case in zip(axes[0], cases):
+        for r in (r for r in rows if r["case"] == case):
+            marker = "o" if r["strategy"].startswith("remat_opt") else "s"
+            ax.scatter(r["overhead"] * 100, r["peak"] / MiB, marker=marker)
+            ax.annotate(f"{r['strategy']}\n{r['collective_bytes'] / MiB:.2f} MiB coll.",
+                        (r["overhead"] * 100, r["peak"] / MiB), fontsize=6)
+        ax.set(title=case, xlabel="recomputed FLOPs (% of the gradient)", ylabel="per-device peak (MiB)")
+    fig.suptitle(f"{stamp()}", fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", nargs="+", default=["dp", "fsdp", "dp_tp"])
+    parser.add_argument("--shares", nargs="+", type=float, default=[0.95, 0.9, 0.85])
+    options = parser.parse_args()
+    rows = [row for case in options.cases for row in run_case(case, options.shares)]
+    write_csv(RESULTS / "spmd.csv", rows, f"{stamp()}; devices {jax.device_count()}; {command()}")
+    plot(rows, RESULTS / "spmd.png")
+
+
+if __name__ == "__main__":
+    main()
