@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 CHECKS = Path(__file__).with_name("spmd_checks.py")
-CASES = ("dp", "fsdp", "dp_tp")
+CASES = ("dp", "fsdp", "dp_tp", "shard_map")
 
 
 @pytest.fixture(scope="module")
@@ -65,9 +65,18 @@ def test_fsdp_reports_each_gathered_weight(runs):
     gathers = r["gathers"]
     weight = 256 * 256 * 4  # one layer's float32 weight, gathered whole on each device
     assert [g["bytes"] for g in gathers] == [weight] * 4
-    assert all(g["primitive"] == "sharding_constraint" for g in gathers)
-    assert {g["decision"] for g in gathers} <= {"saved", "gathered again", "held"}
-    again = sum(g["bytes"] for g in gathers if g["decision"] == "gathered again")
+    assert all(g["primitive"] == "sharding_constraint" and g["kinds"] == ["all-gather"] for g in gathers)
+    assert {g["decision"] for g in gathers} <= {"saved", "repeated", "held"}
+    again = sum(g["bytes"] for g in gathers if g["decision"] == "repeated")
     # XLA's own count of the step's collective bytes covers the gathers the report repeats.
     assert r["collective_bytes"] >= r["plain_collective_bytes"] + again
-    assert "collectives" in r["report"] and "gathered again" in r["report"] or again == 0
+    assert again == 0 or "gathered again" in r["report"]
+
+
+def test_shard_map_layers_report_their_all_reduce(runs):
+    r = runs["shard_map"]["results"][0]
+    # Each layer's psum, one per shard_map unit: recomputing a layer reduces again.
+    assert len(r["gathers"]) == 4
+    assert all(g["primitive"] == "shard_map" and "all-reduce" in g["kinds"] for g in r["gathers"])
+    again = sum(g["bytes"] for g in r["gathers"] if g["decision"] == "repeated")
+    assert r["collective_bytes"] >= r["plain_collective_bytes"] + again

@@ -42,7 +42,8 @@ class Plan:
         measured_peak_bytes: XLA's peak (``remat_opt.peak_bytes``) for this plan.
         plain_peak_bytes: XLA's peak for the function as written.
         recompute_flops: FLOPs recomputed, by the model (for a strategy
-            without a schedule, the measured figure).
+            without a schedule, the measured figure). On a mesh, recomputed
+            collectives count at ``collective_flops_per_byte``.
         measured_recompute_flops: FLOPs the rewritten program's jaxpr computes
             beyond the plain gradient's.
         baseline_flops: FLOPs of the plain gradient (``jax.value_and_grad``).
@@ -190,11 +191,12 @@ class Plan:
         """On a mesh: the collective bytes XLA counts, and per collective equation its decision."""
         if self.collective_bytes is None:
             return ""
-        again = sum(c.bytes for c in self.collectives if c.decision == "gathered again")
-        lines = [f"; collectives {format_bytes(self.collective_bytes)} per device "
-                 f"(plain {format_bytes(self.plain_collective_bytes or 0)}), of which the plan gathers "
-                 f"{format_bytes(again)} again"]
-        lines += [f"\n  {c.primitive} at {c.source}: {format_bytes(c.bytes)}, {c.decision}" for c in self.collectives]
+        again = sum(c.bytes for c in self.collectives if c.decision == "repeated")
+        lines = [f"; recompute counts collectives at {self.collective_flops_per_byte:,.0f} FLOPs per byte "
+                 f"({self.measured_recompute_flops or 0:,} FLOPs on the jaxpr); collectives "
+                 f"{format_bytes(self.collective_bytes)} per device on XLA (plain "
+                 f"{format_bytes(self.plain_collective_bytes or 0)}), {format_bytes(again)} of them repeated by plan"]
+        lines += [f"\n  {c}" for c in self.collectives]
         return "".join(lines)
 
 

@@ -65,6 +65,7 @@ class _Forward:
     dims: tuple[int, ...]
     itemsize: int
     collective_bytes: int
+    opcode: str = ""
     argument: str = ""  # a collective XLA names after the argument it moves (jax 0.12): its key path
 
 
@@ -101,6 +102,10 @@ def collective_bytes(hlo_text: str) -> int:
                for body in computations.values() for i in body)
 
 
+def _kind(opcode: str) -> str:
+    return opcode.removesuffix("-start") if _COLLECTIVE.match(opcode) else ""
+
+
 def _instruction_collective(opcode: str, shape: str) -> int:
     if not _COLLECTIVE.match(opcode):
         return 0
@@ -125,14 +130,14 @@ def read_partitioned(fn: Callable[..., Any], traced: TracedProgram, args: tuple,
                 # jax 0.12 names a weight's gather after the argument: charged to its first reader
                 path = i.op_name.replace("\\", "")
                 forward.append(_Forward(-1, "", (), 0, _instruction_collective(i.opcode, i.shape),
-                                        path[path.index("["):]))
+                                        _kind(i.opcode), path[path.index("["):]))
                 continue
             if not found or "transpose(" in i.op_name or ":" in i.op_name:  # backward, or merged ops
                 continue
             arrays = _shapes(i.shape) if _ARRAY.match(i.shape) else []
             dims, size = arrays[0] if arrays else ((), 0)
             forward.append(_Forward(int(found[-1]), i.op_name.rsplit("/", 1)[-1], dims if arrays else (-1,),
-                                    size, _instruction_collective(i.opcode, i.shape)))
+                                    size, _instruction_collective(i.opcode, i.shape), _kind(i.opcode)))
     return Partitioned(memory_of(compiled), tuple(forward), collective_bytes(text))
 
 
@@ -204,27 +209,28 @@ def _operand_share(graph: ProgramGraph, v: int, unit: Unit, share: list[float], 
 
 
 def _priced_units(graph: ProgramGraph, partitioned: Partitioned, interconnect: Interconnect) -> tuple[Unit, ...]:
-    """Units with their forward collectives' bytes priced in (:func:`unit_collective_bytes`)."""
-    extra = unit_collective_bytes(graph, partitioned)
-    return tuple(dataclasses.replace(u, flops=u.flops + interconnect.flops_of(extra[u.index]))
+    """Units with their forward collectives' bytes priced in (:func:`unit_collectives`)."""
+    extra = unit_collectives(graph, partitioned)
+    return tuple(dataclasses.replace(u, flops=u.flops + interconnect.flops_of(extra[u.index][0]))
                  if u.index in extra else u for u in graph.units)
 
 
-def unit_collective_bytes(graph: ProgramGraph, partitioned: Partitioned) -> dict[int, int]:
-    """Per unit index, the bytes of the forward collectives charged to it: each
-    on the unit at its position whose primitive XLA named, else the position's
-    first unit. What recomputing the unit moves again."""
+def unit_collectives(graph: ProgramGraph, partitioned: Partitioned) -> dict[int, tuple[int, tuple[str, ...]]]:
+    """Per unit index, the bytes and kinds (HLO opcodes) of the forward
+    collectives charged to it: each on the unit at its position whose primitive
+    XLA named, else the position's first unit; one XLA names after an argument
+    (jax 0.12), on the argument's first reader. What recomputing the unit moves again."""
     at: dict[int, list[Unit]] = {}
     for unit in graph.units:
         at.setdefault(unit.position, []).append(unit)
-    out: dict[int, int] = {}
+    out: dict[int, tuple[int, tuple[str, ...]]] = {}
     for f in partitioned.forward:
-        reader = _first_reader(graph, f.argument) if f.argument and f.collective_bytes else None
-        if reader is not None:
-            out[reader] = out.get(reader, 0) + f.collective_bytes
-        elif f.collective_bytes and f.eqn in at:
-            owner = next((u for u in at[f.eqn] if u.primitive == f.primitive), at[f.eqn][0])
-            out[owner.index] = out.get(owner.index, 0) + f.collective_bytes
+        owner = _first_reader(graph, f.argument) if f.argument and f.collective_bytes else None
+        if owner is None and f.collective_bytes and f.eqn in at:
+            owner = next((u for u in at[f.eqn] if u.primitive == f.primitive), at[f.eqn][0]).index
+        if owner is not None:
+            size, kinds = out.get(owner, (0, ()))
+            out[owner] = (size + f.collective_bytes, kinds + ((f.opcode,) if f.opcode not in kinds else ()))
     return out
 
 
@@ -288,21 +294,31 @@ class Collective:
 
     Attributes:
         primitive: the equation's primitive (``sharding_constraint`` for an
-            explicit FSDP gather, ``dot_general`` for one XLA put before a dot).
+            explicit FSDP gather, ``dot_general`` for one XLA put before a dot,
+            ``shard_map`` for a body's ``psum``).
         source: the user's source line.
         bytes: bytes its collectives move per device, once.
-        decision: ``"saved"`` (stored for the backward), ``"gathered again"``
-            (recomputed in the backward: the collective runs twice) or
-            ``"held"`` (code that runs as written: XLA keeps the value).
+        kinds: the collectives (HLO opcodes: ``all-gather``, ``all-reduce``...).
+        decision: ``"saved"`` (stored for the backward), ``"repeated"``
+            (recomputed in the backward: its collectives run again; for an
+            all-gather, the weight is gathered again) or ``"held"`` (code that
+            runs as written: XLA keeps the value).
     """
 
     primitive: str
     source: str
     bytes: int
+    kinds: tuple[str, ...]
     decision: str
 
+    def __str__(self) -> str:
+        again = {"all-gather": "gathered again"}.get(self.kinds[0], "run again") if self.kinds else "run again"
+        what = {"saved": "saved", "held": "held (runs as written)", "repeated": f"recomputed: {again}"}
+        return f"{'+'.join(self.kinds)} {self.bytes:,} bytes in {self.primitive} at {self.source}: " \
+               f"{what[self.decision]}"
 
-_DECISIONS = {"save": "saved", "recompute": "gathered again", "output": "saved"}
+
+_DECISIONS = {"save": "saved", "recompute": "repeated", "output": "saved"}
 
 
 def collective_decisions(graph: ProgramGraph, partitioned: Partitioned, decisions: dict[int, str]) -> tuple[
@@ -310,8 +326,8 @@ def collective_decisions(graph: ProgramGraph, partitioned: Partitioned, decision
     """Per collective equation, in program order, the plan's decision on its value
     (``decisions``: node id to the plan graph's ``decision`` attribute)."""
     out = []
-    for index, size in sorted(unit_collective_bytes(graph, partitioned).items()):
+    for index, (size, kinds) in sorted(unit_collectives(graph, partitioned).items()):
         unit = graph.units[index]
         decision = decisions.get(unit.outputs[0], "free") if unit.outputs else "free"
-        out.append(Collective(unit.primitive, unit.source, size, _DECISIONS.get(decision, "held")))
+        out.append(Collective(unit.primitive, unit.source, size, kinds, _DECISIONS.get(decision, "held")))
     return tuple(out)
