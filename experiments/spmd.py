@@ -46,7 +46,7 @@ def measured(fn, args) -> tuple[int, int]:
 
 
 def run_case(case: str, shares: list[float]) -> list[dict]:
-    m = mesh()
+    m = mesh(case)
     params, batch = mlp.init(CONFIG, jax.random.key(0))
     loss = make_loss(case, m)
     pspec, bspec = layouts(case, params)

@@ -8,7 +8,8 @@ object per case, with XLA's per-device peaks, the gradients' error against the u
 The model: the zoo MLP on a 2×4 mesh, sharded three ways with JAX's own SPMD partitioner
 (``jax.jit`` over ``NamedSharding`` arguments):
 
-- ``dp``: data parallel, the batch over all 8 devices, the parameters replicated;
+- ``dp``: data parallel, the batch over all 8 devices, the parameters replicated (and
+  ``dp_explicit``, the same on a mesh of ``Explicit`` axes);
 - ``fsdp``: the batch and every weight's rows over all 8 devices, each layer gathering its
   weights (``with_sharding_constraint`` to replicated, inside the layer, as Flax and MaxText
   gather them): a gathered weight is a value the plan saves or gathers again;
@@ -47,16 +48,18 @@ from remat_opt.rewrite._policies import layer_policy_program  # noqa: E402
 from remat_opt.zoo import mlp  # noqa: E402
 
 CONFIG = mlp.MLPConfig(depth=4, width=256, batch=1024)
-BUDGET_SHARES = {"dp": (0.85,), "fsdp": (0.85,), "dp_tp": (0.97,), "shard_map": (0.9,)}
+BUDGET_SHARES = {"dp": (0.85,), "fsdp": (0.85,), "dp_tp": (0.97,), "shard_map": (0.9,), "dp_explicit": (0.85,)}
 """Budgets per case, as shares of the plain per-device peak (the experiment sweeps more). Tensor
 parallelism leaves less to remat: its lowest reachable peak on this MLP is about 0.96."""
 POLICIES = ("nothing_saveable", "dots_saveable")
-SOLVER = remat_opt.SolverOptions(deterministic_time_limit=2.0, num_workers=2)
+SOLVER = remat_opt.SolverOptions(deterministic_time_limit=0.5, num_workers=2)
 
 
-def mesh() -> jax.sharding.Mesh:
-    auto = (jax.sharding.AxisType.Auto,) * 2
-    return jax.make_mesh((2, 4), ("data", "model"), axis_types=auto)
+def mesh(case: str = "") -> jax.sharding.Mesh:
+    """The 2×4 mesh: ``Auto`` axes (XLA propagates shardings), or for ``*_explicit`` cases
+    ``jax.make_mesh``'s own default in recent JAX, ``Explicit`` (shardings in the types)."""
+    kind = jax.sharding.AxisType.Explicit if case.endswith("_explicit") else jax.sharding.AxisType.Auto
+    return jax.make_mesh((2, 4), ("data", "model"), axis_types=(kind,) * 2)
 
 
 def shard_map_layer(m: jax.sharding.Mesh):
@@ -90,7 +93,7 @@ def make_loss(case: str, m: jax.sharding.Mesh):
 def layouts(case: str, params) -> tuple:
     """Partition specs of the parameters and of the batch."""
     layers = params["layers"]
-    if case == "dp":
+    if case in ("dp", "dp_explicit"):
         return jax.tree.map(lambda _: P(), params), P(("data", "model"))
     if case == "fsdp":
         return {"layers": [{"w": P(("data", "model"), None), "b": P()} for _ in layers]}, P(("data", "model"))
@@ -124,7 +127,7 @@ def gathers(plan: remat_opt.Plan) -> list[dict]:
 
 def run_case(case: str) -> dict:
     started = time.perf_counter()
-    m = mesh()
+    m = mesh(case)
     params, batch = mlp.init(CONFIG, jax.random.key(0))
     loss = make_loss(case, m)
     pspec, bspec = layouts(case, params)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 CHECKS = Path(__file__).with_name("spmd_checks.py")
-CASES = ("dp", "fsdp", "dp_tp", "shard_map")
+CASES = ("dp", "fsdp", "dp_tp", "shard_map", "dp_explicit")
 
 
 @pytest.fixture(scope="module")

@@ -61,6 +61,17 @@ MULTI_OPERAND_ELEMENTWISE = frozenset({
 })
 
 
+def first_element(leaf: jax.Array) -> jax.Array:
+    """``leaf``'s first element; on a mesh with explicit axes (sharding in types, where
+    JAX cannot slice one element out of a sharded dim), the sum of its first entries
+    along the unsharded dims: a scalar that still depends on every shard."""
+    spec = tuple(getattr(getattr(jax.typeof(leaf), "sharding", None), "spec", ()) or ())
+    sharded = [i < len(spec) and spec[i] is not None for i in range(jnp.ndim(leaf))]
+    if not any(sharded):
+        return jnp.ravel(leaf)[0]
+    return jnp.sum(leaf[tuple(slice(None) if s else 0 for s in sharded)])
+
+
 @jax.custom_vjp
 def computed_once(x: jax.Array) -> jax.Array:
     """``x``, read by a conditional XLA:CPU cannot fuse, so XLA computes ``x`` once.
@@ -71,7 +82,7 @@ def computed_once(x: jax.Array) -> jax.Array:
     Returns:
         ``x`` (the same values; its cotangent passes through unchanged).
     """
-    first = jnp.ravel(x)[0]
+    first = first_element(x)
     return lax.cond(first == first, lambda y: y, lax.optimization_barrier, x)
 
 

@@ -35,7 +35,7 @@ from jax._src import core
 
 from ..program._graph import ProgramGraph
 from ..program._names import eval_named, is_nameable, value_name
-from ..memory._once import computed_once, once_values
+from ..memory._once import computed_once, first_element, once_values
 from .._schedule import Schedule
 from ..program._trace import read_atom
 
@@ -53,7 +53,7 @@ class Segment:
 
 def _first_elements(tree: Any) -> list[jax.Array]:
     """The first element of every non-empty floating leaf of ``tree``."""
-    return [jnp.ravel(leaf)[0] for leaf in jax.tree_util.tree_leaves(tree)
+    return [first_element(leaf) for leaf in jax.tree_util.tree_leaves(tree)
             if hasattr(leaf, "dtype") and jnp.issubdtype(leaf.dtype, jnp.inexact) and leaf.size]
 
 
