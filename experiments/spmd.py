@@ -17,23 +17,23 @@ import os
 
 os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 
-import argparse  # noqa: E402
-import sys  # noqa: E402
-from pathlib import Path  # noqa: E402
+import argparse
+import sys
+from pathlib import Path
 
-import jax  # noqa: E402
-from jax.sharding import NamedSharding  # noqa: E402
+import jax
+from jax.sharding import NamedSharding
 
-import remat_opt  # noqa: E402
-from remat_opt.memory._measure import abstract, gradient_flops, gradient_step  # noqa: E402
-from remat_opt.memory._sharded import collective_bytes  # noqa: E402
-from remat_opt.rewrite._policies import layer_policy_program  # noqa: E402
-from remat_opt.zoo import mlp  # noqa: E402
+import remat_opt
+from remat_opt.memory._measure import abstract, gradient_flops, gradient_step
+from remat_opt.memory._sharded import collective_bytes
+from remat_opt.rewrite._policies import layer_policy_program
+from remat_opt.zoo import mlp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from common import RESULTS, MiB, command, stamp, write_csv  # noqa: E402
-from spmd_checks import CONFIG, POLICIES, SOLVER, layouts, make_loss, mesh  # noqa: E402
+from common import RESULTS, MiB, command, stamp, write_csv
+from spmd_checks import CONFIG, POLICIES, SOLVER, layouts, make_loss, mesh
 
 
 def measured(fn, args) -> tuple[int, int]:
@@ -54,14 +54,14 @@ def run_case(case: str, shares: list[float]) -> list[dict]:
             jax.tree.map(lambda a: jax.device_put(a, NamedSharding(m, bspec)), batch))
     base = gradient_flops(loss, args, {}, 0)
     plain, plain_coll = measured(loss, args)
-    rows = [dict(case=case, strategy="plain", budget=None, peak=plain, recompute_flops=0, overhead=0.0,
-                 collective_bytes=plain_coll)]
+    rows = [{"case": case, "strategy": "plain", "budget": None, "peak": plain, "recompute_flops": 0,
+             "overhead": 0.0, "collective_bytes": plain_coll}]
     for policy in POLICIES:
         program = layer_policy_program(loss, policy, fenced=True)
         peak, coll = measured(program, args)
         flops = gradient_flops(program, args, {}, 0) - base
-        rows.append(dict(case=case, strategy=f"fenced_layer/{policy}", budget=None, peak=peak,
-                         recompute_flops=flops, overhead=flops / base, collective_bytes=coll))
+        rows.append({"case": case, "strategy": f"fenced_layer/{policy}", "budget": None, "peak": peak,
+                     "recompute_flops": flops, "overhead": flops / base, "collective_bytes": coll})
     for share in shares:
         budget = int(plain * share)
         try:
@@ -69,9 +69,9 @@ def run_case(case: str, shares: list[float]) -> list[dict]:
         except remat_opt.InfeasibleBudgetError as err:
             print(f"{case} at {share:.2f}: below reach ({err.min_budget_bytes / MiB:.2f} MiB is)")
             continue
-        rows.append(dict(case=case, strategy=f"remat_opt@{share:.2f}", budget=budget, peak=plan.measured_peak_bytes,
-                         recompute_flops=plan.measured_recompute_flops,
-                         overhead=plan.measured_recompute_flops / base, collective_bytes=plan.collective_bytes))
+        rows.append({"case": case, "strategy": f"remat_opt@{share:.2f}", "budget": budget,
+                     "peak": plan.measured_peak_bytes, "recompute_flops": plan.measured_recompute_flops,
+                     "overhead": plan.measured_recompute_flops / base, "collective_bytes": plan.collective_bytes})
         print(plan)
     for r in rows:
         print(f"  {case:6s} {r['strategy']:34s} {r['peak'] / MiB:7.3f} MiB/device  +{r['overhead']:6.1%} FLOPs  "

@@ -28,24 +28,25 @@ import os
 
 os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 
-import json  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
+import json
+import sys
+import time
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 try:  # jax >= 0.7
-    from jax import shard_map  # noqa: E402
+    from jax import shard_map
 except ImportError:
-    from jax.experimental.shard_map import shard_map  # noqa: E402
+    from jax.experimental.shard_map import shard_map
 
-import remat_opt  # noqa: E402
-from remat_opt.baselines._reference import policy_plan, reference  # noqa: E402
-from remat_opt.rewrite._policies import layer_policy_program  # noqa: E402
-from remat_opt.zoo import mlp  # noqa: E402
+import remat_opt
+from remat_opt.baselines._reference import policy_plan, reference
+from remat_opt.rewrite._policies import layer_policy_program
+from remat_opt.zoo import mlp
 
 CONFIG = mlp.MLPConfig(depth=4, width=256, batch=1024)
 BUDGET_SHARES = {"dp": (0.85,), "fsdp": (0.85,), "dp_tp": (0.97,), "shard_map": (0.9,), "dp_explicit": (0.85,)}

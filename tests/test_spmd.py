@@ -24,7 +24,7 @@ def runs() -> dict:
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
            "PYTHONPATH": os.pathsep.join([str(CHECKS.parents[1] / "src"), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run([sys.executable, str(CHECKS), *CASES], env=env, capture_output=True, text=True,
-                          timeout=600)
+                          timeout=600, check=False)
     assert done.returncode == 0, done.stderr[-4000:]
     out = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     return {run["case"]: run for run in out}
@@ -33,8 +33,9 @@ def runs() -> dict:
 @pytest.mark.parametrize("case", CASES)
 def test_per_device_peak_within_budget(runs, case):
     run = runs[case]
-    # Measured per device: far under the same program's peak on one device.
-    assert run["plain"] < 0.6 * run["global_plain"]
+    if case != "shard_map":  # (a shard_map runs on its mesh whatever its arguments' layout)
+        # Measured per device: far under the same program's peak on one device.
+        assert run["plain"] < 0.6 * run["global_plain"]
     for r in run["results"]:
         assert r["measured"] <= r["budget"] < run["plain"]
         assert r["remeasured"] == r["measured"]  # the returned function, compiled again

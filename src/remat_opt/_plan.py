@@ -192,12 +192,11 @@ class Plan:
         if self.collective_bytes is None:
             return ""
         again = sum(c.bytes for c in self.collectives if c.decision == "repeated")
-        lines = [f"; recompute counts collectives at {self.collective_flops_per_byte:,.0f} FLOPs per byte "
-                 f"({self.measured_recompute_flops or 0:,} FLOPs on the jaxpr); collectives "
-                 f"{format_bytes(self.collective_bytes)} per device on XLA (plain "
-                 f"{format_bytes(self.plain_collective_bytes or 0)}), {format_bytes(again)} of them repeated by plan"]
-        lines += [f"\n  {c}" for c in self.collectives]
-        return "".join(lines)
+        head = (f"; recompute counts collectives at {self.collective_flops_per_byte:,.0f} FLOPs per byte "
+                f"({self.measured_recompute_flops or 0:,} FLOPs on the jaxpr); collectives "
+                f"{format_bytes(self.collective_bytes)} per device on XLA (plain "
+                f"{format_bytes(self.plain_collective_bytes or 0)}), {format_bytes(again)} of them repeated by plan")
+        return head + "".join(f"\n  {c}" for c in self.collectives)
 
 
 def annotate(graph: ProgramGraph, sim: Simulation) -> nx.DiGraph:

@@ -58,7 +58,7 @@ def mesh_sharding(x: Any) -> jax.sharding.Sharding | None:
         return None
     try:
         return sharding if len(sharding.device_set) > 1 else None
-    except Exception:  # an abstract sharding (no devices yet) is not a layout to compile for
+    except (AttributeError, TypeError, ValueError, RuntimeError):  # an abstract sharding: no devices to compile for
         return None
 
 

@@ -357,4 +357,4 @@ class Interconnect:
 
     def flops_of(self, collective_bytes: int) -> int:
         """The FLOPs the device could run while ``collective_bytes`` cross its link."""
-        return int(round(collective_bytes * self.flops_per_byte))
+        return round(collective_bytes * self.flops_per_byte)
