@@ -155,7 +155,17 @@ def run_case(case: str) -> dict:
             "baselines": baselines(loss, args, budget), "gathers": gathers(plan), "report": str(plan),
         })
     return {"case": case, "plain": plain, "global_plain": remat_opt.peak_bytes(loss, params, batch),
-            "results": results, "seconds": time.perf_counter() - started}
+            "results": results, "refusal": refusal(loss, args, plain) if case == "dp" else None,
+            "seconds": time.perf_counter() - started}
+
+
+def refusal(loss, args, plain: int) -> dict:
+    """A budget far below reach (a quarter of the per-device peak): the error and its message."""
+    try:
+        remat_opt.optimize(loss, plain // 4, cache=False, solver_options=SOLVER).plan(*args)
+    except remat_opt.InfeasibleBudgetError as err:
+        return {"error": type(err).__name__, "min_budget": err.min_budget_bytes, "message": str(err)}
+    return {"error": None}
 
 
 def main(cases: list[str]) -> None:

@@ -43,6 +43,14 @@ def test_per_device_peak_within_budget(runs, case):
             assert r["refused"] < r["budget"]
 
 
+def test_budget_below_reach_is_refused_per_device(runs):
+    run = runs["dp"]
+    refusal = run["refusal"]
+    assert refusal["error"] == "InfeasibleBudgetError"
+    assert run["plain"] // 4 < refusal["min_budget"] <= run["plain"]
+    assert "sharded over 8 devices" in refusal["message"] and "one device's peak" in refusal["message"]
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_gradients_equal_unsharded(runs, case):
     for r in runs[case]["results"]:

@@ -175,7 +175,18 @@ class OptimizedFunction:
             measured.append(f)
             return memory_of(compiled)
 
-        planned = self._search(traced, whole, graph, args, kwargs, argnums, nums, measure, compiled)
+        try:
+            planned = self._search(traced, whole, graph, args, kwargs, argnums, nums, measure, compiled)
+        except InfeasibleBudgetError as err:
+            if partitioned is None:
+                raise
+            devices = max(len(x.sharding.device_set) for x in jax.tree_util.tree_leaves((args, kwargs))
+                          if mesh_sharding(x) is not None)
+            raise InfeasibleBudgetError(err.budget_bytes, err.min_budget_bytes, detail=(
+                f"{err.detail} The arguments are sharded over {devices} devices, so budget_bytes is one "
+                f"device's peak (XLA measured {partitioned.peak_bytes:,} bytes per device "
+                "for the step as written): divide a budget for the whole mesh by the devices.").strip(),
+                schedule=err.schedule) from err
         if partitioned is None:
             return planned
         plan, program = planned
