@@ -39,7 +39,8 @@ from .program._graph import ProgramGraph, build_graph
 from ._loop_planning import LoopSearch, body_plans, loop_plans
 from .rewrite._loops import loop_program
 from .memory._measure import abstract, gradient_flops, gradient_step, memory_of, mesh_sharding, peak_bytes
-from .memory._sharded import Partitioned, collective_bytes, collective_decisions, is_sharded, sharded_graph, with_shardings
+from .memory._sharded import (Partitioned, collective_bytes, collective_decisions, is_sharded, sharded_graph,
+                              with_shardings)
 from .memory._simulate import calibrate, simulate
 from .solve._nesting import nested_candidates
 from .solve._policy_saves import policy_schedules
@@ -50,6 +51,17 @@ from ._schedule import Schedule, Simulation
 from .solve._solve import SolverOptions, low_memory_schedules, min_peak_schedule, solve
 from .program._static import Static, split
 from .program._trace import with_signature, TracedProgram, normalize_argnums, trace
+
+
+def _per_device(err: InfeasibleBudgetError, args: tuple, kwargs: dict,
+                partitioned: Partitioned) -> InfeasibleBudgetError:
+    """``err`` for a sharded program: its budget is one device's peak, which it says."""
+    devices = max(len(x.sharding.device_set) for x in jax.tree_util.tree_leaves((args, kwargs))
+                  if mesh_sharding(x) is not None)
+    detail = (f"{err.detail} The arguments are sharded over {devices} devices, so budget_bytes is one "
+              f"device's peak (XLA measured {partitioned.peak_bytes:,} bytes per device for the step as "
+              "written): divide a budget for the whole mesh by the devices.")
+    return InfeasibleBudgetError(err.budget_bytes, err.min_budget_bytes, detail=detail.strip(), schedule=err.schedule)
 
 
 @dataclass(frozen=True)
@@ -163,11 +175,28 @@ class OptimizedFunction:
             check_known(graph)
         graph = with_memory_facts(graph, compiled)
 
-        collectives: dict[int, int] = {}  # id of each program measured on a mesh: XLA's collective bytes
-        measured: list[Callable[..., Any]] = []  # ...kept alive while the ids stand for them
+        collectives: dict[int, int] = {}  # on a mesh, per measured program's id: XLA's collective bytes
+        measure = self._measurer(args, kwargs, nums, collectives if partitioned is not None else None)
+        try:
+            planned = self._search(traced, whole, graph, args, kwargs, argnums, nums, measure, compiled)
+        except InfeasibleBudgetError as err:
+            if partitioned is None:
+                raise
+            raise _per_device(err, args, kwargs, partitioned) from err
+        if partitioned is None:
+            return planned
+        plan, program = planned
+        return self._on_mesh(plan, graph, partitioned, collectives[id(program)], collectives[id(self.fn)]), program
+
+    def _measurer(self, args: tuple, kwargs: dict, nums: Any,
+                  collectives: dict[int, int] | None) -> Callable[[Callable[..., Any]], int]:
+        """XLA's peak of a program's gradient step on these arguments; with
+        ``collectives`` (a sharded program), each program's collective bytes too,
+        by its id (the programs are kept alive while the ids stand for them)."""
+        measured: list[Callable[..., Any]] = []
 
         def measure(f: Callable[..., Any]) -> int:
-            if partitioned is None:
+            if collectives is None:
                 return peak_bytes(f, *args, argnums=nums, has_aux=self.has_aux, **kwargs)
             step, step_args, step_kwargs = gradient_step(f, args, kwargs, nums, self.has_aux)
             compiled = jax.jit(step).lower(*abstract(step_args), **abstract(step_kwargs)).compile()
@@ -175,22 +204,7 @@ class OptimizedFunction:
             measured.append(f)
             return memory_of(compiled)
 
-        try:
-            planned = self._search(traced, whole, graph, args, kwargs, argnums, nums, measure, compiled)
-        except InfeasibleBudgetError as err:
-            if partitioned is None:
-                raise
-            devices = max(len(x.sharding.device_set) for x in jax.tree_util.tree_leaves((args, kwargs))
-                          if mesh_sharding(x) is not None)
-            raise InfeasibleBudgetError(err.budget_bytes, err.min_budget_bytes, detail=(
-                f"{err.detail} The arguments are sharded over {devices} devices, so budget_bytes is one "
-                f"device's peak (XLA measured {partitioned.peak_bytes:,} bytes per device "
-                "for the step as written): divide a budget for the whole mesh by the devices.").strip(),
-                schedule=err.schedule) from err
-        if partitioned is None:
-            return planned
-        plan, program = planned
-        return self._on_mesh(plan, graph, partitioned, collectives[id(program)], collectives[id(self.fn)]), program
+        return measure
 
     def _on_mesh(self, plan: Plan, graph: ProgramGraph, partitioned: Partitioned, measured_collectives: int,
                  plain_collectives: int) -> Plan:
