@@ -103,7 +103,7 @@ def plan_row(name: str, program: Program, budget: int, plain: int, base: int, me
         return {**row, "plan": f"refused (lowest peak {refused})"}
     error = grad_error_over_tolerance(gradients(program, step), want)
     recompute = plan.measured_recompute_flops
-    return {**row, "plan": str(plan.loop_plan or f"unrolled schedule, {plan.num_segments} segments"),
+    return {**row, "plan": str(plan.loop_plan or f"schedule with the scan whole, {plan.num_segments} segments"),
             "status": plan.status, "measured_peak_bytes": plan.measured_peak_bytes, "recompute_flops": recompute,
             "fits": plan.measured_peak_bytes <= budget,
             "no_more_than_best_recipe": best is None or recompute <= fitting[best]["recompute"],
