@@ -16,7 +16,14 @@ Two families (:class:`remat_opt.rewrite._loops.LoopPlan`):
   is left. XLA often keeps less than the saved bytes suggest (a saved value
   can spare the backward a buffer of its own), so when the solver returns a
   set already measured, the step is doubled, up to 8 times what is left,
-  and the measurement decides. The loop stays a loop: every compile
+  and the measurement decides. When saving nothing is itself over the
+  budget, the sum says no set fits, yet XLA can hold less for a set than for
+  none: a saved value can split the body's backward in two, so that one part
+  runs (and frees its buffers) before the rest is recomputed (a decoder
+  saving the residual stream between attention and MLP). The search then
+  probes sets of one carry's bytes, twice that, and so on, while each
+  measures lower than the last, until one fits; it steers from there as
+  usual. The loop stays a loop: every compile
   costs what one compile of the program costs, whatever the depth, and the
   solve's size is the body's.
 
@@ -173,6 +180,10 @@ def body_plans(search: LoopSearch, options: SolverOptions, max_attempts: int) ->
                 len(graph.units), body.length, format_bytes(floor))
     cap, seen, stretch, compiles = (search.budget - floor) // body.length, {()}, 1, 0
     measured = floor  # the last set measured: saving nothing, so far
+    # Saving nothing is over the budget: probe sets of one carry's bytes, then twice that, ...
+    probing = floor > search.budget and body.carry_bytes > 0
+    if probing:
+        cap = body.carry_bytes
     for _ in range(3 * max_attempts):  # solves; compiles are fewer (a repeated set is not measured)
         if cap <= 0 or compiles == max_attempts:
             break
@@ -180,6 +191,9 @@ def body_plans(search: LoopSearch, options: SolverOptions, max_attempts: int) ->
         choice = choose_saved(graph, cap, options)
         seconds = time.perf_counter() - start
         if choice.saved in seen:  # the same set again: reach further, or stop
+            if probing:
+                cap *= 2
+                continue
             if stretch >= 8 or measured > search.budget:
                 break
             stretch *= 2
@@ -189,13 +203,19 @@ def body_plans(search: LoopSearch, options: SolverOptions, max_attempts: int) ->
         compiles += 1
         loop = LoopPlan(None, saved=choice.saved)
         flops, program = search.program(loop)
-        measured = search.measure(program)
+        previous, measured = measured, search.measure(program)
         logger.info("scan body, solve %d of %d: %d values saved (%s per iteration, %s), XLA %s (budget %s)",
                     compiles, max_attempts, len(choice.saved), format_bytes(choice.saved_bytes), choice.status,
                     format_bytes(measured), format_bytes(search.budget))
         plans.append(LoopCandidate(loop, program, flops, measured, choice.status, choice.gap, seconds, compiles))
         if search.budget - TIGHT * search.budget <= measured <= search.budget:
             break
+        if probing and measured > search.budget:  # lower than the last probe: probe twice the bytes
+            if measured >= previous:
+                break
+            cap *= 2
+            continue
+        probing = False  # a set fits: steer from it as usual
         if measured > search.budget:  # under this set by the overshoot and a margin
             over = measured - search.budget + search.budget // 100
             cap, stretch = choice.saved_bytes - -(-over // body.length), 1

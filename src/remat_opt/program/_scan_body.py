@@ -20,6 +20,7 @@ import jax
 from jax._src import core
 from jax.extend.core import ClosedJaxpr
 
+from ._graph import aval_bytes
 from ._trace import TracedProgram, check_plannable, flatten_jaxpr, loop_tangents, scan_counts
 
 
@@ -33,11 +34,13 @@ class ScanBody:
         program: the body over ``(consts, carry, x)``, calls inlined; its
             equation indices are the ones :func:`remat_opt.program._names.value_name`
             names, both in the body's graph and in the rewritten loop.
+        carry_bytes: bytes of one iteration's carry (a decoder's residual stream).
     """
 
     position: int
     length: int
     program: TracedProgram
+    carry_bytes: int = 0
 
 
 def flat_body(body: ClosedJaxpr) -> ClosedJaxpr:
@@ -68,4 +71,5 @@ def scan_body(traced: TracedProgram, position: int) -> ScanBody:
         differentiable=diff,
         tangent_vars=check_plannable(body, diff),
     )
-    return ScanBody(position, eqn.params["length"], program)
+    carry_bytes = sum(aval_bytes(v.aval) for v in body.jaxpr.invars[n_consts:n_consts + n_carry])
+    return ScanBody(position, eqn.params["length"], program, carry_bytes)
