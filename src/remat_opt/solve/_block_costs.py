@@ -59,7 +59,11 @@ class ChainCosts:
             self.units[self.stage_of(u.position)].append(u.index)
         self.first_block = self.bounds.index(chain.boundary(0))
         self.per_block = self.bounds.index(chain.boundary(1)) - self.first_block  # stages per block
-        self._kept = kept_buffers(graph)
+        kept = kept_buffers(graph)
+        self._remat = [remat_bytes(graph, u.index, kept) for u in graph.units]
+        self._transient = [(transient_bytes(graph, u.index), transient_bytes(graph, u.index, recomputed=True))
+                           for u in graph.units]
+        self._stage_transient = [max((self._transient[x][0] for x in us), default=0) for us in self.units]
         self._memo: dict[tuple, SegmentTerms] = {}
 
     @property
@@ -153,9 +157,8 @@ class ChainCosts:
         if before_tail:  # read past the last cut only by this segment's recomputation
             added |= {g.buffer[v] for v in self.crossing[u]
                       if not g.is_output[v] and not read_by_backward(g, v) and v in read}
-        units = [x for s in range(t, u) for x in self.units[s]]
-        local = sum(remat_bytes(g, x, self._kept) for x in recomputed)
-        local += max(transient_bytes(g, x, x in recomputed and not names) for x in units)
+        local = sum(self._remat[x] for x in recomputed)
+        local += max([*self._stage_transient[t:u], *(self._transient[x][not names] for x in recomputed)])
         local += self._relayout(t, u, saved) + g.crossing_bytes(self.bounds[u])
         flops = sum(g.units[x].flops for x in recomputed & g.primal)
         return SegmentTerms(sum(g.node_bytes[b] for b in added if b >= 0), local, flops)
@@ -179,15 +182,14 @@ class ChainCosts:
         """Per stage ``t``, what the last segment holds when it starts at ``t``
         (beyond what earlier segments added)."""
         g = self.graph
+        stored = [(g.position_of(v), g.buffer[v]) for v in range(g.num_nodes)
+                  if materialized(g, v) and not g.is_output[v] and g.buffer[v] >= 0]
         out = []
         for t in range(self.num_stages):
             lo = self.bounds[t]
-            held = {g.buffer[v] for v in range(g.num_nodes)
-                    if g.position_of(v) >= lo and materialized(g, v) and not g.is_output[v]}
-            held.discard(-1)
+            held = {b for p, b in stored if p >= lo}
             extra = sum(tail_extra_bytes(g, b) for b in held if g.position_of(b) >= lo)
             held |= {g.buffer[v] for v in self.crossing[t]
                      if read_by_backward(g, v) and not g.is_output[v] and g.buffer[v] >= 0}
-            transient = max(transient_bytes(g, x) for s in range(t, self.num_stages) for x in self.units[s])
-            out.append(sum(g.node_bytes[b] for b in held) + extra + transient)
+            out.append(sum(g.node_bytes[b] for b in held) + extra + max(self._stage_transient[t:]))
         return tuple(out)

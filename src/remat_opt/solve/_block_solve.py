@@ -30,21 +30,26 @@ References:
 
 from __future__ import annotations
 
+import functools
+import weakref
 from dataclasses import dataclass
-from functools import cached_property
 
 import numpy as np
 from ortools.sat.python import cp_model
 
-from ._block_costs import ChainCosts
-from ._blocks import BlockChain
+from ._block_costs import ChainCosts, SegmentTerms
+from ._blocks import BlockChain, find_blocks
 from ._encoding import save_candidates
+from ..memory._simulate import simulate
 from ..program._graph import ProgramGraph
 from .._schedule import Schedule
 
 MAX_SEGMENT_STAGES = 8
 """Stages one segment may hold: grouping blocks pays only at the tightest
 budgets of deep chains (about sqrt(depth · stream bytes / block bytes))."""
+
+GRAIN_SHARE = 2.0**-13
+"""The default grain of :func:`chain_schedule`'s fronts, as a share of the budget."""
 
 CAP_STEPS = 16
 """Caps on a block's saved bytes tried for its options (evenly spaced)."""
@@ -108,40 +113,52 @@ def block_options(graph: ProgramGraph, costs: ChainCosts, t: int, seconds: float
     ``seconds``, ``seed``); a level whose solve finds nothing takes the level below."""
     total = saveable_bytes(graph, costs, t)
     levels = [frozenset()]
-    for k in range(1, CAP_STEPS + 1):
+    for k in range(1, CAP_STEPS + 1 if total else 1):
         model, save = _block_model(graph, costs, t, total * k // CAP_STEPS)
         solver = cp_model.CpSolver()
         p = solver.parameters
         p.num_workers, p.random_seed, p.max_deterministic_time, p.max_time_in_seconds = 1, seed, seconds, 10 * seconds
         found = solver.Solve(model) in (cp_model.OPTIMAL, cp_model.FEASIBLE)
         levels.append(frozenset(v for v, s in save.items() if solver.Value(s)) if found else levels[-1])
-    return tuple(levels)
+    return tuple(levels + levels[-1:] * (CAP_STEPS + 1 - len(levels)))
 
 
 class _Front:
-    """Pareto points (stored bytes, FLOPs) at one stage boundary, with the step that reached each."""
+    """Pareto points (stored bytes, FLOPs) at one stage boundary, each with the
+    step that reached it (an index into :attr:`ChainSearch.steps`) and its point there."""
 
     def __init__(self) -> None:
-        self.stored: list[int] = []
-        self.flops: list[int] = []
-        self.back: list[tuple] = []
+        self.parts: list[tuple[np.ndarray, ...]] = []
+        self.stored = self.flops = self.step = self.point = np.zeros(0, dtype=np.int64)
 
-    def add(self, stored: np.ndarray, flops: np.ndarray, back: list[tuple]) -> None:
-        self.stored += stored.tolist()
-        self.flops += flops.tolist()
-        self.back += back
+    def add(self, *columns: np.ndarray) -> None:
+        if columns[0].size:
+            self.parts.append(columns)
 
-    def prune(self) -> None:
-        """Keeps the points no other point beats in both (ties: the first reached)."""
-        if not self.stored:
+    def prune(self, grain: int) -> None:
+        """Keeps the points no other point beats in both stored bytes (counted in
+        ``grain``s: of the points within one grain, the fewest FLOPs) and FLOPs.
+        With a grain of 1 byte, the exact Pareto set (ties: the first reached)."""
+        if not self.parts:
             return
-        s, f = np.asarray(self.stored), np.asarray(self.flops)
-        order = np.lexsort((np.arange(len(s)), f, s))
-        fs = f[order]
-        best_before = np.minimum.accumulate(np.concatenate(([np.iinfo(np.int64).max], fs[:-1])))
-        keep = order[fs < best_before]
-        self.stored, self.flops = s[keep].tolist(), f[keep].tolist()
-        self.back = [self.back[k] for k in keep]
+        s, f, step, point = (np.concatenate(c) for c in zip(*self.parts))
+        self.parts = []
+        # The fewest FLOPs per grain of stored bytes (first reached on a tie), then
+        # only the grains with fewer FLOPs than every grain below.
+        bucket = s // grain
+        if bucket.max() > 1 << 20:  # too many grains for a table: number the ones used
+            _, bucket = np.unique(bucket, return_inverse=True)
+        size = int(bucket.max()) + 1
+        least = np.full(size, np.iinfo(np.int64).max)
+        np.minimum.at(least, bucket, f)
+        first = np.full(size, len(f))
+        hit = np.flatnonzero(f == least[bucket])
+        np.minimum.at(first, bucket[hit], hit)
+        used = np.flatnonzero(first < len(f))
+        fb = least[used]
+        below = np.minimum.accumulate(np.concatenate(([np.iinfo(np.int64).max], fb[:-1])))
+        keep = first[used[fb < below]]
+        self.stored, self.flops, self.step, self.point = s[keep], f[keep], step[keep], point[keep]
 
 
 class ChainSearch:
@@ -151,81 +168,99 @@ class ChainSearch:
                  options: tuple[frozenset[int], ...] | None = None, max_stages: int = MAX_SEGMENT_STAGES):
         self.graph, self.chain = graph, chain
         self.costs = costs or ChainCosts(graph, chain)
-        # Each part of the reference block (a middle one where there is one) is solved once.
+        # Each part of the reference block (a middle one where there is one) is solved
+        # once, for every block; each prefix and suffix stage for itself.
         first = self.costs.first_block + (self.costs.per_block if chain.count >= 3 else 0)
-        self.references = tuple(range(first, first + self.costs.per_block))
-        self.options = options if options is not None else tuple(
-            block_options(graph, self.costs, r) for r in self.references)
+        self.references = {("block", t - first): t for t in range(first, first + self.costs.per_block)}
+        self.references.update({("outer", t): t for t in range(self.costs.num_stages)
+                                if self.costs.block_of_stage(t) is None})
+        self.options = options if options is not None else {
+            key: block_options(graph, self.costs, t) for key, t in self.references.items()}
         self.max_stages = max_stages
 
+    def _part(self, t: int) -> tuple[str, int]:
+        if self.costs.block_of_stage(t) is None:
+            return ("outer", t)
+        return ("block", self.costs.part_of_stage(t))
+
     def _saved_of(self, t: int, u: int, level: int) -> dict[int, frozenset[int]]:
-        """Per block stage of stages ``t .. u - 1``, the nodes its option ``level`` saves."""
+        """Per stage of stages ``t .. u - 1``, the nodes its option ``level`` saves."""
         out = {}
         for s in range(t, u):
-            if self.costs.block_of_stage(s) is not None:
-                part = self.costs.part_of_stage(s)
-                nodes = self.options[part][level]
-                if nodes:
-                    out[s] = self.costs.shift(nodes, s, self.references[part])
+            part = self._part(s)
+            nodes = self.options[part][level]
+            if nodes:
+                out[s] = self.costs.shift(nodes, s, self.references[part]) if part[0] == "block" else nodes
         return out
 
-    def _steps(self, t: int, names: bool):
+    @functools.cache
+    def _steps(self, t: int, names: bool) -> tuple[tuple[int, int, bool, dict[int, frozenset[int]]], ...]:
         """Fenced segments from boundary ``t``: (end, option level, names saved, saved_of),
         one per distinct saved set."""
+        out = []
         last = self.costs.num_stages - 1  # the last segment holds at least the last stage
         for u in range(t + 1, min(t + self.max_stages, last) + 1):
             seen: set[tuple] = set()
-            for level in range(len(self.options[0]) if names else 1):
+            for level in range(CAP_STEPS + 1 if names else 1):
                 saved_of = self._saved_of(t, u, level)
                 key = tuple(sorted(saved_of.items(), key=lambda item: item[0]))
                 if key not in seen:
                     seen.add(key)
-                    yield u, level, bool(saved_of), saved_of
+                    out.append((u, level, bool(saved_of), saved_of))
+        return tuple(out)
 
-    def search(self, budget_bytes: int, names: bool) -> tuple[int, tuple] | None:
-        """The least FLOPs and the final step, among plans that save names (``names``) or none."""
+    @functools.cache
+    def _terms(self, t: int, u: int, level: int, names: bool) -> tuple[SegmentTerms, SegmentTerms]:
+        """The terms of the segment of stages ``t .. u - 1`` at option ``level``,
+        before another fenced segment and before the last segment."""
+        saved_of = self._saved_of(t, u, level)
+        return tuple(self.costs.segment(t, u, saved_of, level, tail, names) for tail in (False, True))
+
+    def search(self, budget_bytes: int, names: bool, grain: int = 1) -> tuple[int, tuple] | None:
+        """The least FLOPs and the final step ``(t, bit, level, point, u)``, among plans
+        that save names (``names``) or none; fronts pruned at ``grain`` bytes."""
         g, costs = self.graph, self.costs
         room = budget_bytes - g.input_bytes - g.output_bytes
         fronts = {(t, bit): _Front() for t in range(costs.num_stages) for bit in (0, 1)}
-        fronts[0, 0].add(np.array([0]), np.array([0]), [None])
+        fronts[0, 0].add(*(np.zeros(1, dtype=np.int64) for _ in range(4)))
+        self.steps: list[tuple[int, int, int]] = []  # (boundary, names bit, option level)
         best: tuple[int, tuple] | None = None
         if not names and costs.tail_bytes[0] <= room:
-            best = (0, ("end", 0, 0, 0, None))
+            best = (0, (0, 0, 0, 0, None))
         for t in range(costs.num_stages - 1):
             for bit in (0, 1):
                 front = fronts[t, bit]
-                front.prune()
-                if not front.stored:
+                front.prune(grain)
+                stored, flops = front.stored, front.flops
+                if not stored.size:
                     continue
-                stored, flops = np.asarray(front.stored), np.asarray(front.flops)
                 for u, o, saves, saved_of in self._steps(t, names):
-                    key = (t, bit, o)
-                    mid = costs.segment(t, u, saved_of, o, False, names)
+                    self.steps.append((t, bit, o))
+                    mid, end = self._terms(t, u, o, names)
                     fits = np.flatnonzero(stored + mid.added_bytes + mid.local_bytes <= room)
                     fronts[u, bit | saves].add(stored[fits] + mid.added_bytes, flops[fits] + mid.flops,
-                                              [(*key, int(i), u) for i in fits])
-                    end = costs.segment(t, u, saved_of, o, True, names)
+                                               np.full(fits.size, len(self.steps) - 1), fits)
                     top = stored + end.added_bytes + max(end.local_bytes, costs.tail_bytes[u])
                     fits = np.flatnonzero(top <= room)
                     if fits.size and (bit | saves) == names:
                         i = int(fits[np.argmin(flops[fits])])
                         total = int(flops[i]) + end.flops
                         if best is None or total < best[0]:
-                            best = (total, ("end", *key, i, u))
+                            best = (total, (t, bit, o, i, u))
         self._fronts = fronts
         return best
 
     def schedule(self, end: tuple, names: bool) -> tuple[Schedule, int]:
         """The schedule :meth:`search` ended at ``end``, and its peak by the chain's terms."""
-        _, t, bit, o, i, u = end
+        t, bit, o, i, u = end
         if u is None:
             return Schedule(), self.graph.input_bytes + self.graph.output_bytes + self.costs.tail_bytes[0]
         segments = [(t, u, o, True)]
-        back = self._fronts[t, bit].back[i]
-        while back is not None:
-            t0, bit0, o0, i0, u0 = back
-            segments.append((t0, u0, o0, False))
-            back = self._fronts[t0, bit0].back[i0]
+        while t > 0:
+            front = self._fronts[t, bit]
+            t0, bit0, o0 = self.steps[int(front.step[i])]
+            segments.append((t0, t, o0, False))
+            t, bit, i = t0, bit0, int(front.point[i])
         cuts, saved, stored, peak = set(), set(), 0, 0
         for t, u, o, before_tail in reversed(segments):
             saved_of = self._saved_of(t, u, o)
@@ -240,17 +275,50 @@ class ChainSearch:
 
 
 def chain_schedule(graph: ProgramGraph, chain: BlockChain, budget_bytes: int,
-                   search: ChainSearch | None = None) -> ChainPlan | None:
+                   search: ChainSearch | None = None, grain: int | None = None) -> ChainPlan | None:
     """The plan of least recompute in the block plan space (see the module
     docstring) whose peak, by the chain's terms, fits ``budget_bytes``; ``None``
     when none fits. Plans that save names and plans that save none are searched
     apart, because the model counts transients differently in each.
+
+    ``grain``: the fronts keep, of the points whose stored bytes fall within one
+    grain, the one with the fewest FLOPs (:data:`GRAIN_SHARE` of the budget by
+    default; 1 for the exact optimum of the plan space, slower on deep chains).
+    The plan's bytes are counted exactly either way.
     """
     search = search or ChainSearch(graph, chain)
+    grain = max(1, int(budget_bytes * GRAIN_SHARE)) if grain is None else grain
     found = []
     for names in (False, True):
-        best = search.search(budget_bytes, names)
+        best = search.search(budget_bytes, names, grain)
         if best is not None:
             schedule, peak = search.schedule(best[1], names)
             found.append(ChainPlan(schedule, best[0], peak))
     return min(found, key=lambda p: p.flops, default=None)
+
+
+_SEARCHES: dict[int, ChainSearch | None] = {}
+
+
+def _search_of(graph: ProgramGraph) -> ChainSearch | None:
+    """The graph's block chain and its options, found once per graph (a plan's
+    retries solve the same graph under other targets)."""
+    key = id(graph)
+    if key not in _SEARCHES:
+        chain = find_blocks(graph)
+        _SEARCHES[key] = None if chain is None else ChainSearch(graph, chain)
+        weakref.finalize(graph, _SEARCHES.pop, key, None)
+    return _SEARCHES[key]
+
+
+def block_start(graph: ProgramGraph, budget_bytes: int) -> ChainPlan | None:
+    """The block decomposition's plan for ``budget_bytes``, checked by the
+    planning model; ``None`` for a program without identical blocks, or when
+    no plan of that space fits."""
+    search = _search_of(graph)
+    if search is None:
+        return None
+    plan = chain_schedule(graph, search.chain, budget_bytes, search)
+    if plan is None or simulate(graph, plan.schedule, planning=True).peak_bytes > budget_bytes:
+        return None
+    return plan

@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 
 from ortools.sat.python import cp_model
 
+from ._block_solve import block_start
 from ._chen import chen_schedules
 from ._encoding import Encoding, cut_candidates, save_candidates
 from .._errors import InfeasibleBudgetError
@@ -48,6 +49,14 @@ class SolverOptions:
             schedule's cuts) before it searches the cuts too; 0 (the
             default) skips it. It helps on large graphs at tight budgets
             and costs elsewhere (see :func:`_saves_within_cuts`).
+        blocks: on a program made of identical blocks
+            (:mod:`remat_opt.solve._blocks`), start from the plan of the block
+            decomposition (:mod:`remat_opt.solve._block_solve`) when it beats
+            Chen's.
+        whole_graph: run the whole-graph CP-SAT model (from the best start);
+            off, a program of identical blocks gets the decomposition's plan
+            alone (status ``"FEASIBLE"``, no bound: gap 1), in seconds
+            whatever its depth. Programs without blocks always run it.
     """
 
     time_limit_s: float = 120.0
@@ -56,6 +65,8 @@ class SolverOptions:
     seed: int = 0
     max_cut_candidates: int = 48
     first_stage_share: float = 0.0
+    blocks: bool = True
+    whole_graph: bool = True
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.first_stage_share < 1.0:
@@ -73,6 +84,7 @@ class Solution:
     bound_flops: float
     gap: float
     solve_seconds: float
+    method: str = "cp-sat"
 
 
 def _solver(options: SolverOptions) -> cp_model.CpSolver:
@@ -170,6 +182,14 @@ def solve(graph: ProgramGraph, budget_bytes: int, options: SolverOptions = Solve
     """
     start = time.perf_counter()
     incumbent = _incumbent(graph, budget_bytes)
+    decomposed = block_start(graph, budget_bytes) if options.blocks else None
+    if decomposed is not None and (incumbent is None or decomposed.flops < simulate(graph, incumbent).recompute_flops):
+        incumbent = decomposed.schedule
+    method = "cp-sat" if decomposed is None else "blocks+cp-sat"
+    if decomposed is not None and not options.whole_graph:
+        objective = simulate(graph, incumbent).recompute_flops
+        status, gap = ("OPTIMAL", 0.0) if objective == 0 else ("FEASIBLE", 1.0)
+        return Solution(incumbent, status, objective, 0.0, gap, time.perf_counter() - start, "blocks")
     if incumbent is not None and incumbent.cuts and options.first_stage_share > 0:
         share = options.first_stage_share
         first = replace(options, time_limit_s=share * options.time_limit_s,
@@ -207,6 +227,7 @@ def solve(graph: ProgramGraph, budget_bytes: int, options: SolverOptions = Solve
         bound_flops=bound,
         gap=gap,
         solve_seconds=time.perf_counter() - start,
+        method=method,
     )
 
 
