@@ -29,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
+from ._encoding import save_candidates
 from ._blocks import BlockChain, crossing_values, stage_bounds, value_spans
 from ..memory._fusion import materialized, read_by_backward
 from ..memory._simulate import kept_buffers, remat_bytes, tail_extra_bytes, transient_bytes
@@ -59,6 +60,7 @@ class ChainCosts:
             self.units[self.stage_of(u.position)].append(u.index)
         self.first_block = self.bounds.index(chain.boundary(0))
         self.per_block = self.bounds.index(chain.boundary(1)) - self.first_block  # stages per block
+        self.save_candidates = save_candidates(graph)
         kept = kept_buffers(graph)
         self._remat = [remat_bytes(graph, u.index, kept) for u in graph.units]
         self._transient = [(transient_bytes(graph, u.index), transient_bytes(graph, u.index, recomputed=True))

@@ -64,15 +64,17 @@ class ChainPlan:
     peak_bytes: int
 
 
-def _block_model(graph: ProgramGraph, costs: ChainCosts, t: int, cap_bytes: int) -> tuple[cp_model.CpModel, dict]:
-    """CP-SAT over block stage ``t`` alone, cut at both ends: the fewest recomputed
-    FLOPs (then saved bytes) with at most ``cap_bytes`` saved by name."""
+def _block_model(graph: ProgramGraph, costs: ChainCosts, t: int) -> tuple[cp_model.CpModel, dict, list, int]:
+    """CP-SAT over stage ``t`` alone, cut at both ends: the fewest recomputed FLOPs
+    (then saved bytes). Returns the model, its save literals, one literal per
+    level ``k`` that caps the saved bytes at ``k / CAP_STEPS`` of all the stage
+    may save (the caller assumes one), and those bytes."""
     g, m = graph, cp_model.CpModel()
     lo, hi = costs.bounds[t], costs.bounds[t + 1]
     exits = set(costs.crossing[t + 1])
     own = {v for x in costs.units[t] for v in g.units[x].outputs}
-    # Not the block's outputs (stored by the cut), nor values laid over another block's buffer.
-    saveable = [v for v in save_candidates(g) if v in own and v not in exits and g.buffer[v] in own]
+    # Not the stage's outputs (stored by the cut), nor values laid over another stage's buffer.
+    saveable = [v for v in costs.save_candidates if v in own and v not in exits and g.buffer[v] in own]
     save = {v: m.NewBoolVar(f"s{v}") for v in saveable}
     rc = {x: m.NewBoolVar(f"r{x}") for x in costs.units[t]}
 
@@ -91,30 +93,27 @@ def _block_model(graph: ProgramGraph, costs: ChainCosts, t: int, cap_bytes: int)
         buffers.setdefault(g.buffer[v], m.NewBoolVar(f"b{g.buffer[v]}"))
         m.AddImplication(s, buffers[g.buffer[v]])
     total = sum(g.node_bytes[b] for b in buffers)
-    m.Add(sum(g.node_bytes[b] * y for b, y in buffers.items()) <= cap_bytes)
+    caps = [m.NewBoolVar(f"cap{k}") for k in range(CAP_STEPS + 1)]
+    for k, lit in enumerate(caps):
+        m.Add(sum(g.node_bytes[b] * y for b, y in buffers.items()) <= total * k // CAP_STEPS).OnlyEnforceIf(lit)
     quantum = max(1, -(-total // 1000))
     flops = sum(g.units[x].flops * r for x, r in rc.items() if x in g.primal)
     m.Minimize((total // quantum + 1) * flops + sum((g.node_bytes[b] // quantum) * y for b, y in buffers.items()))
-    return m, save
-
-
-def saveable_bytes(graph: ProgramGraph, costs: ChainCosts, t: int) -> int:
-    """Bytes of everything block stage ``t`` may save (see :func:`_block_model`)."""
-    _, save = _block_model(graph, costs, t, 0)
-    return sum(graph.node_bytes[b] for b in {graph.buffer[v] for v in save})
+    return m, save, caps, total
 
 
 def block_options(graph: ProgramGraph, costs: ChainCosts, t: int, seconds: float = 1.0,
                   seed: int = 0) -> tuple[frozenset[int], ...]:
-    """Saved sets of block stage ``t``, one per level ``k`` of ``0 .. CAP_STEPS``:
+    """Saved sets of stage ``t``, one per level ``k`` of ``0 .. CAP_STEPS``:
     the set with the fewest recomputed FLOPs (then the fewest bytes) whose bytes
     are at most ``k / CAP_STEPS`` of all it may save (level 0 saves nothing).
     Each solve is deterministic (one worker, a deterministic-time limit of
     ``seconds``, ``seed``); a level whose solve finds nothing takes the level below."""
-    total = saveable_bytes(graph, costs, t)
+    model, save, caps, total = _block_model(graph, costs, t)
     levels = [frozenset()]
     for k in range(1, CAP_STEPS + 1 if total else 1):
-        model, save = _block_model(graph, costs, t, total * k // CAP_STEPS)
+        model.ClearAssumptions()
+        model.AddAssumptions([caps[k]])
         solver = cp_model.CpSolver()
         p = solver.parameters
         p.num_workers, p.random_seed, p.max_deterministic_time, p.max_time_in_seconds = 1, seed, seconds, 10 * seconds
@@ -210,11 +209,10 @@ class ChainSearch:
         return tuple(out)
 
     @functools.cache
-    def _terms(self, t: int, u: int, level: int, names: bool) -> tuple[SegmentTerms, SegmentTerms]:
+    def _terms(self, t: int, u: int, level: int, names: bool, before_tail: bool) -> SegmentTerms:
         """The terms of the segment of stages ``t .. u - 1`` at option ``level``,
-        before another fenced segment and before the last segment."""
-        saved_of = self._saved_of(t, u, level)
-        return tuple(self.costs.segment(t, u, saved_of, level, tail, names) for tail in (False, True))
+        before another fenced segment or before the last segment."""
+        return self.costs.segment(t, u, self._saved_of(t, u, level), level, before_tail, names)
 
     def search(self, budget_bytes: int, names: bool, grain: int = 1) -> tuple[int, tuple] | None:
         """The least FLOPs and the final step ``(t, bit, level, point, u)``, among plans
@@ -236,10 +234,13 @@ class ChainSearch:
                     continue
                 for u, o, saves, saved_of in self._steps(t, names):
                     self.steps.append((t, bit, o))
-                    mid, end = self._terms(t, u, o, names)
+                    mid = self._terms(t, u, o, names, False)
                     fits = np.flatnonzero(stored + mid.added_bytes + mid.local_bytes <= room)
                     fronts[u, bit | saves].add(stored[fits] + mid.added_bytes, flops[fits] + mid.flops,
                                                np.full(fits.size, len(self.steps) - 1), fits)
+                    if int(stored.min()) + costs.tail_bytes[u] > room:  # the last segment from u cannot fit
+                        continue
+                    end = self._terms(t, u, o, names, True)
                     top = stored + end.added_bytes + max(end.local_bytes, costs.tail_bytes[u])
                     fits = np.flatnonzero(top <= room)
                     if fits.size and (bit | saves) == names:

@@ -4,7 +4,9 @@ Searches the model of :mod:`remat_opt.solve._encoding` (the memory model of
 :func:`remat_opt.memory._simulate.simulate` with ``planning=True``, linearly): the
 least recompute under a budget (:func:`solve`), the lowest peak at any
 cost (:func:`min_peak_schedule`), each started from the best of Chen's
-segmentations and never returning worse. Every solve is bounded, seeded
+segmentations (and, on a program of identical blocks, of the block
+decomposition's plan, :mod:`remat_opt.solve._block_solve`) and never
+returning worse. Every solve is bounded, seeded
 and deterministic (:class:`SolverOptions`).
 
 References:
@@ -162,7 +164,9 @@ def solve(graph: ProgramGraph, budget_bytes: int, options: SolverOptions = Solve
     """Minimum-recompute schedule whose predicted peak fits ``budget_bytes``.
 
     The search starts from the cheapest of Chen's segmentations that fits
-    (:func:`_incumbent`). With ``options.first_stage_share`` and a start
+    (:func:`_incumbent`), or from the block decomposition's plan when the
+    program repeats a block and that plan is cheaper (``options.blocks``);
+    with ``options.whole_graph`` off, that plan is the result. With ``options.first_stage_share`` and a start
     that has cuts, a first stage searches only what to save within them
     (:func:`_saves_within_cuts`), then the full model searches cuts and
     saves from its result. The result is never worse than the start or
@@ -268,8 +272,9 @@ def _saves_within_cuts(graph: ProgramGraph, budget_bytes: int, start: Schedule, 
 def _incumbent(graph: ProgramGraph, budget_bytes: int) -> Schedule | None:
     """The cheapest of the unsegmented program and Chen's segmentations that the
     model fits in ``budget_bytes``; CP-SAT starts from it and never returns worse."""
-    fitting = [s for s in (Schedule(), *_chen_starts(graph)) if simulate(graph, s).peak_bytes <= budget_bytes]
-    return min(fitting, key=lambda s: (simulate(graph, s).recompute_flops, sorted(s.cuts)), default=None)
+    sims = {s: simulate(graph, s) for s in (Schedule(), *_chen_starts(graph))}  # each once: deep graphs
+    fitting = [s for s, sim in sims.items() if sim.peak_bytes <= budget_bytes]
+    return min(fitting, key=lambda s: (sims[s].recompute_flops, sorted(s.cuts)), default=None)
 
 
 def _hint(enc: Encoding, schedule: Schedule) -> None:
