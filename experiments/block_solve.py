@@ -26,6 +26,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import sys
 import time
@@ -34,16 +35,22 @@ from pathlib import Path
 import jax
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, command, stamp, write_csv  # noqa: E402
-from remat_opt._schedule import Schedule  # noqa: E402
-from remat_opt.memory import model_graph  # noqa: E402
-from remat_opt.memory._measure import abstract  # noqa: E402
-from remat_opt.memory._simulate import simulate  # noqa: E402
-from remat_opt.program._trace import trace  # noqa: E402
-from remat_opt.solve._block_solve import _search_of  # noqa: E402
-from remat_opt.solve._checkmate import from_program_graph, simulate_stages, solve_checkmate, store_all  # noqa: E402
-from remat_opt.solve._solve import SolverOptions, solve  # noqa: E402
-from remat_opt.zoo import MODELS, GPTConfig  # noqa: E402
+from common import RESULTS, command, stamp, write_csv
+
+from remat_opt._schedule import Schedule
+from remat_opt.memory import model_graph
+from remat_opt.memory._measure import abstract
+from remat_opt.memory._simulate import simulate
+from remat_opt.program._trace import trace
+from remat_opt.solve._block_solve import _search_of
+from remat_opt.solve._checkmate import (
+    from_program_graph,
+    simulate_stages,
+    solve_checkmate,
+    store_all,
+)
+from remat_opt.solve._solve import SolverOptions, solve
+from remat_opt.zoo import MODELS, GPTConfig
 
 
 def gpt_graph(layers: int):
@@ -99,6 +106,10 @@ def measure(layers: int, args: argparse.Namespace) -> dict:
     return row
 
 
+def _cell(row: dict, key: str, fmt: str = "{:,}") -> str:
+    return fmt.format(row[key]) if key in row else "—"
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, nargs="+", default=[2, 4, 8, 16, 32, 64])
@@ -118,8 +129,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
           "| cp-sat alone: s | recompute | gap | MILP |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     for r in rows:
-        def cell(key, fmt="{:,}"):
-            return fmt.format(r[key]) if key in r else "—"
+        cell = functools.partial(_cell, r)
         print(f"| {r['model']} | {r['equations']} | {r.get('blocks', '—')} | "
               f"{cell('blocks_seconds', '{:.1f}')} | {cell('blocks_recompute')} | {cell('hinted_seconds', '{:.1f}')} | "
               f"{cell('hinted_recompute')} | {cell('hinted_gap', '{:.1%}')} | {cell('cpsat_seconds', '{:.1f}')} | "

@@ -1,11 +1,9 @@
 """Identical blocks: found in the program, combined exactly, planned end to end."""
 
-import itertools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 
 import remat_opt
 from remat_opt import Schedule
@@ -81,8 +79,8 @@ def _two_levels(search: ChainSearch) -> None:
     """Each stage's options cut to two: nothing, or what it saves under the middle cap."""
     half = CAP_STEPS // 2
     search.options = {key: (lv[0],) + (lv[half],) * CAP_STEPS for key, lv in search.options.items()}
-    search._steps.cache_clear()
-    search._terms.cache_clear()
+    search._step_memo.clear()
+    search._term_memo.clear()
 
 
 def _brute_force(graph, search: ChainSearch, budget: int) -> int | None:

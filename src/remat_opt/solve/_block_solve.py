@@ -30,19 +30,17 @@ References:
 
 from __future__ import annotations
 
-import functools
 import weakref
 from dataclasses import dataclass
 
 import numpy as np
 from ortools.sat.python import cp_model
 
-from ._block_costs import ChainCosts, SegmentTerms
-from ._blocks import BlockChain, find_blocks
-from ._encoding import save_candidates
+from .._schedule import Schedule
 from ..memory._simulate import simulate
 from ..program._graph import ProgramGraph
-from .._schedule import Schedule
+from ._block_costs import ChainCosts, SegmentTerms
+from ._blocks import BlockChain, find_blocks
 
 MAX_SEGMENT_STAGES = 8
 """Stages one segment may hold: grouping blocks pays only at the tightest
@@ -176,6 +174,8 @@ class ChainSearch:
         self.options = options if options is not None else {
             key: block_options(graph, self.costs, t) for key, t in self.references.items()}
         self.max_stages = max_stages
+        self._step_memo: dict[tuple[int, bool], tuple] = {}
+        self._term_memo: dict[tuple, SegmentTerms] = {}
 
     def _part(self, t: int) -> tuple[str, int]:
         if self.costs.block_of_stage(t) is None:
@@ -192,10 +192,11 @@ class ChainSearch:
                 out[s] = self.costs.shift(nodes, s, self.references[part]) if part[0] == "block" else nodes
         return out
 
-    @functools.cache
     def _steps(self, t: int, names: bool) -> tuple[tuple[int, int, bool, dict[int, frozenset[int]]], ...]:
         """Fenced segments from boundary ``t``: (end, option level, names saved, saved_of),
-        one per distinct saved set."""
+        one per distinct saved set (found once per search)."""
+        if (t, names) in self._step_memo:
+            return self._step_memo[t, names]
         out = []
         last = self.costs.num_stages - 1  # the last segment holds at least the last stage
         for u in range(t + 1, min(t + self.max_stages, last) + 1):
@@ -206,13 +207,16 @@ class ChainSearch:
                 if key not in seen:
                     seen.add(key)
                     out.append((u, level, bool(saved_of), saved_of))
-        return tuple(out)
+        self._step_memo[t, names] = tuple(out)
+        return self._step_memo[t, names]
 
-    @functools.cache
     def _terms(self, t: int, u: int, level: int, names: bool, before_tail: bool) -> SegmentTerms:
         """The terms of the segment of stages ``t .. u - 1`` at option ``level``,
         before another fenced segment or before the last segment."""
-        return self.costs.segment(t, u, self._saved_of(t, u, level), level, before_tail, names)
+        key = (t, u, level, names, before_tail)
+        if key not in self._term_memo:
+            self._term_memo[key] = self.costs.segment(t, u, self._saved_of(t, u, level), level, before_tail, names)
+        return self._term_memo[key]
 
     def search(self, budget_bytes: int, names: bool, grain: int = 1) -> tuple[int, tuple] | None:
         """The least FLOPs and the final step ``(t, bit, level, point, u)``, among plans

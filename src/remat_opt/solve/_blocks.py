@@ -250,7 +250,7 @@ def stage_bounds(graph: ProgramGraph, chain: BlockChain) -> tuple[int, ...]:
     if not is_stage_chain(graph, tuple(sorted(bounds))):
         return chain.stage_bounds(n)
     for p in range(1, n):
-        if not lo <= p <= chain.boundary(chain.count) and graph.crossing_bytes(p) <= width:
-            if is_stage_chain(graph, tuple(sorted(bounds | {p}))):
-                bounds.add(p)
+        outside = not lo <= p <= chain.boundary(chain.count)
+        if outside and graph.crossing_bytes(p) <= width and is_stage_chain(graph, tuple(sorted(bounds | {p}))):
+            bounds.add(p)
     return tuple(sorted(bounds))

@@ -23,13 +23,13 @@ from dataclasses import dataclass, replace
 
 from ortools.sat.python import cp_model
 
+from .._errors import InfeasibleBudgetError
+from .._schedule import Schedule
+from ..memory._simulate import simulate
+from ..program._graph import ProgramGraph
 from ._block_solve import block_start
 from ._chen import chen_schedules
 from ._encoding import Encoding, cut_candidates, save_candidates
-from .._errors import InfeasibleBudgetError
-from ..program._graph import ProgramGraph
-from ..memory._simulate import simulate
-from .._schedule import Schedule
 
 
 @dataclass(frozen=True)
