@@ -4,6 +4,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+from experiment_scripts import read_rows, run_script
 
 import remat_opt
 from remat_opt import Schedule
@@ -161,3 +162,12 @@ def test_optimize_plans_a_deep_chain_through_its_blocks(monkeypatch):
     want = jax.grad(residual_chain)(ws, x)
     for a, b in zip(got, want):  # the same sums, associated otherwise: float32 rounding of the largest
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7 * float(jnp.abs(b).max()))
+
+
+def test_block_solve_experiment_runs(tmp_path):
+    out = tmp_path / "block_solve.csv"
+    table = run_script("block_solve.py", "--layers", "4", "--whole-max-layers", "0", "--milp-max-vars", "0",
+                       "--out", str(out))
+    (row,) = read_rows(out)
+    assert row["blocks_method"] == "blocks" and int(row["blocks"]) == 3
+    assert 0 < int(row["blocks_recompute"]) and "| gpt-4 | 400 | 3 |" in table
