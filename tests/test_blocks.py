@@ -1,6 +1,5 @@
 """Identical blocks: found in the program, combined exactly, planned end to end."""
 
-
 import jax
 import jax.numpy as jnp
 import numpy as np
