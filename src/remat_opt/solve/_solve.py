@@ -4,7 +4,9 @@ Searches the model of :mod:`remat_opt.solve._encoding` (the memory model of
 :func:`remat_opt.memory._simulate.simulate` with ``planning=True``, linearly): the
 least recompute under a budget (:func:`solve`), the lowest peak at any
 cost (:func:`min_peak_schedule`), each started from the best of Chen's
-segmentations and never returning worse. Every solve is bounded, seeded
+segmentations (and, on a program of identical blocks, of the block
+decomposition's plan, :mod:`remat_opt.solve._block_solve`) and never
+returning worse. Every solve is bounded, seeded
 and deterministic (:class:`SolverOptions`).
 
 References:
@@ -21,12 +23,13 @@ from dataclasses import dataclass, replace
 
 from ortools.sat.python import cp_model
 
+from .._errors import InfeasibleBudgetError
+from .._schedule import Schedule
+from ..memory._simulate import simulate
+from ..program._graph import ProgramGraph
+from ._block_solve import block_start
 from ._chen import chen_schedules
 from ._encoding import Encoding, cut_candidates, save_candidates
-from .._errors import InfeasibleBudgetError
-from ..program._graph import ProgramGraph
-from ..memory._simulate import simulate
-from .._schedule import Schedule
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,14 @@ class SolverOptions:
             schedule's cuts) before it searches the cuts too; 0 (the
             default) skips it. It helps on large graphs at tight budgets
             and costs elsewhere (see :func:`_saves_within_cuts`).
+        blocks: on a program made of identical blocks
+            (:mod:`remat_opt.solve._blocks`), start from the plan of the block
+            decomposition (:mod:`remat_opt.solve._block_solve`) when it beats
+            Chen's.
+        whole_graph: run the whole-graph CP-SAT model (from the best start);
+            off, a program of identical blocks gets the decomposition's plan
+            alone (status ``"FEASIBLE"``, no bound: gap 1), in seconds
+            whatever its depth. Programs without blocks always run it.
     """
 
     time_limit_s: float = 120.0
@@ -56,6 +67,8 @@ class SolverOptions:
     seed: int = 0
     max_cut_candidates: int = 48
     first_stage_share: float = 0.0
+    blocks: bool = True
+    whole_graph: bool = True
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.first_stage_share < 1.0:
@@ -73,6 +86,7 @@ class Solution:
     bound_flops: float
     gap: float
     solve_seconds: float
+    method: str = "cp-sat"
 
 
 def _solver(options: SolverOptions) -> cp_model.CpSolver:
@@ -150,7 +164,9 @@ def solve(graph: ProgramGraph, budget_bytes: int, options: SolverOptions = Solve
     """Minimum-recompute schedule whose predicted peak fits ``budget_bytes``.
 
     The search starts from the cheapest of Chen's segmentations that fits
-    (:func:`_incumbent`). With ``options.first_stage_share`` and a start
+    (:func:`_incumbent`), or from the block decomposition's plan when the
+    program repeats a block and that plan is cheaper (``options.blocks``);
+    with ``options.whole_graph`` off, that plan is the result. With ``options.first_stage_share`` and a start
     that has cuts, a first stage searches only what to save within them
     (:func:`_saves_within_cuts`), then the full model searches cuts and
     saves from its result. The result is never worse than the start or
@@ -170,6 +186,14 @@ def solve(graph: ProgramGraph, budget_bytes: int, options: SolverOptions = Solve
     """
     start = time.perf_counter()
     incumbent = _incumbent(graph, budget_bytes)
+    decomposed = block_start(graph, budget_bytes) if options.blocks else None
+    if decomposed is not None and (incumbent is None or decomposed.flops < simulate(graph, incumbent).recompute_flops):
+        incumbent = decomposed.schedule
+    method = "cp-sat" if decomposed is None else "blocks+cp-sat"
+    if decomposed is not None and not options.whole_graph:
+        objective = simulate(graph, incumbent).recompute_flops
+        status, gap = ("OPTIMAL", 0.0) if objective == 0 else ("FEASIBLE", 1.0)
+        return Solution(incumbent, status, objective, 0.0, gap, time.perf_counter() - start, "blocks")
     if incumbent is not None and incumbent.cuts and options.first_stage_share > 0:
         share = options.first_stage_share
         first = replace(options, time_limit_s=share * options.time_limit_s,
@@ -207,6 +231,7 @@ def solve(graph: ProgramGraph, budget_bytes: int, options: SolverOptions = Solve
         bound_flops=bound,
         gap=gap,
         solve_seconds=time.perf_counter() - start,
+        method=method,
     )
 
 
@@ -247,8 +272,9 @@ def _saves_within_cuts(graph: ProgramGraph, budget_bytes: int, start: Schedule, 
 def _incumbent(graph: ProgramGraph, budget_bytes: int) -> Schedule | None:
     """The cheapest of the unsegmented program and Chen's segmentations that the
     model fits in ``budget_bytes``; CP-SAT starts from it and never returns worse."""
-    fitting = [s for s in (Schedule(), *_chen_starts(graph)) if simulate(graph, s).peak_bytes <= budget_bytes]
-    return min(fitting, key=lambda s: (simulate(graph, s).recompute_flops, sorted(s.cuts)), default=None)
+    sims = {s: simulate(graph, s) for s in (Schedule(), *_chen_starts(graph))}  # each once: deep graphs
+    fitting = [s for s, sim in sims.items() if sim.peak_bytes <= budget_bytes]
+    return min(fitting, key=lambda s: (sims[s].recompute_flops, sorted(s.cuts)), default=None)
 
 
 def _hint(enc: Encoding, schedule: Schedule) -> None:
