@@ -22,7 +22,6 @@ Writes ``experiments/results/scan_recipes.csv`` (or ``--output``).
 from __future__ import annotations
 
 import argparse
-import functools
 import sys
 import time
 from pathlib import Path
