@@ -138,7 +138,11 @@ class OptimizedFunction:
         return self._planned(args, kwargs)[0]
 
     def _planned(self, args: tuple, kwargs: dict) -> tuple[Plan, Callable[..., Any]]:
-        specs, kwargs_specs = with_shardings(abstract(args), self.in_shardings), abstract(kwargs)
+        try:
+            specs, kwargs_specs = with_shardings(abstract(args), self.in_shardings), abstract(kwargs)
+        except TypeError:  # a leaf JAX cannot trace (a string array): the typed error names it
+            check_call(self.fn, args, kwargs, self.argnums, self.has_aux)
+            raise
         key = _signature(specs, kwargs_specs)
         if key not in self._cache:
             twin = self._sharded_twin(key)
