@@ -33,7 +33,7 @@ from ._inputs import check_call
 from .solve._chen import chen_schedules
 from .program._cost import CostModel
 from ._errors import InfeasibleBudgetError
-from .memory._facts import (check_known, model_graph, read_plain, unknown_of, unknown_primitives,
+from .memory._facts import (check_known, model_graph, read_plain, unknown_of,
                             with_memory_facts)
 from .program._graph import ProgramGraph, build_graph
 from ._loop_planning import LoopSearch, body_plans, loop_plans
@@ -133,9 +133,9 @@ class OptimizedFunction:
         whole = trace(self.fn, args, kwargs, argnums) if traced.unrolled_scans else traced
         nums = argnums if len(argnums) > 1 else argnums[0]
         graph = build_graph(traced, self.cost_model)
-        # XLA's account of the program, for what no rule of the model knows.
-        compiled = (read_plain(self.fn, traced, args, kwargs, nums, self.has_aux)
-                    if self.xla_facts and unknown_primitives(graph) else None)
+        # XLA's account of the program: what no rule of the model knows, and
+        # the gradients it sums from partials held to the end.
+        compiled = read_plain(self.fn, traced, args, kwargs, nums, self.has_aux) if self.xla_facts else None
         if not self.xla_facts:
             check_known(graph)
         graph = with_memory_facts(graph, compiled)
