@@ -488,7 +488,7 @@ def simulate(graph: ProgramGraph, schedule: Schedule, *, planning: bool = False)
     # Gradient partials XLA sums at the end of the step (_partials); in the
     # prediction only (CP-SAT's encoding does not count them yet).
     partials, partials_at_end = ([0] * num_segments, 0) if planning else held_partial_bytes(
-        graph, seg_of, as_written, num_segments)
+        graph, schedule, seg_of, num_segments)
     peaks = [
         base + sum(graph.node_bytes[b] for b in live_buffers[j]) - in_slots[j] + rematerialized[j]
         + relayout_bytes(graph, schedule, seg_of, j, j in as_written) + transient[j]
