@@ -51,13 +51,13 @@ from .program._static import Static, split
 from .program._trace import with_signature, TracedProgram, normalize_argnums, trace
 
 
-@dataclass(frozen=True)
 def _loop_scale(graph: ProgramGraph) -> float:
     """The plain-storage scale for loop programs' graphs, which are not read off
     XLA (no gradient partials counted): the one fitted without them."""
     return graph.plain_storage_scale if graph.planning_storage_scale is None else graph.planning_storage_scale
 
 
+@dataclass(frozen=True)
 class _Signature:
     static: Static  # the tree structure and its static leaves (by equality, or identity)
     avals: tuple[tuple[tuple[int, ...], str], ...]
