@@ -51,12 +51,6 @@ from .program._static import Static, split
 from .program._trace import with_signature, TracedProgram, normalize_argnums, trace
 
 
-def _loop_scale(graph: ProgramGraph) -> float:
-    """The plain-storage scale for loop programs' graphs, which are not read off
-    XLA (no gradient partials counted): the one fitted without them."""
-    return graph.plain_storage_scale if graph.planning_storage_scale is None else graph.planning_storage_scale
-
-
 @dataclass(frozen=True)
 class _Signature:
     static: Static  # the tree structure and its static leaves (by equality, or identity)
@@ -173,7 +167,7 @@ class OptimizedFunction:
                               status, gap, seconds, attempts)
 
         search = LoopSearch(self.fn, whole, args, kwargs, argnums, nums, self.cost_model, self.has_aux,
-                            _loop_scale(whole_graph), baseline_flops, budget, measure, make_plan)
+                            whole_graph.plain_storage_scale, baseline_flops, budget, measure, make_plan)
         # CP-SAT's body plans first: a built-in loop plan is measured only if it recomputes less.
         bodies = body_plans(search, self.solver_options, self.max_attempts)
         body_ceiling = min((c.flops for c in bodies if c.measured <= budget), default=None)

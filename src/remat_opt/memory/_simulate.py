@@ -231,7 +231,7 @@ def relayout_bytes(
     return total
 
 
-def tail_extra_bytes(graph: ProgramGraph, buffer: int, names_in_slots: bool = False, planning: bool = False) -> int:
+def tail_extra_bytes(graph: ProgramGraph, buffer: int, names_in_slots: bool = False) -> int:
     """What XLA keeps beyond the model for one residual buffer of code run as
     written (see :func:`calibrate`); 0 on an uncalibrated graph.
 
@@ -243,10 +243,7 @@ def tail_extra_bytes(graph: ProgramGraph, buffer: int, names_in_slots: bool = Fa
     slots nor this, -5.5% with the names on top of the scale (those slots
     counted twice), -4.8% with both (jax 0.10.2, XLA:CPU).
     """
-    scale = graph.plain_storage_scale
-    if planning and graph.planning_storage_scale is not None:
-        scale = graph.planning_storage_scale
-    scale = max(1.0, scale) if names_in_slots else scale
+    scale = max(1.0, graph.plain_storage_scale) if names_in_slots else graph.plain_storage_scale
     return round((scale - 1.0) * graph.node_bytes[buffer])
 
 
@@ -268,18 +265,13 @@ def calibrate(graph: ProgramGraph, plain_peak_bytes: int) -> ProgramGraph:
     Returns:
         ``graph`` with ``plain_storage_scale`` set.
     """
-    graph = dataclasses.replace(graph, plain_storage_scale=1.0, planning_storage_scale=None)
-
-    def fitted(g: ProgramGraph) -> float:
-        sim = simulate(g, Schedule(plain=True))
-        stored = sum(g.node_bytes[b] for b in {g.buffer[v] for v in sim.stored_nodes} if b >= 0)
-        return min(2.0, max(0.5, 1.0 + (plain_peak_bytes - sim.peak_bytes) / stored)) if stored else 1.0
-
-    scale = fitted(graph)
-    # CP-SAT's model does not count the gradient partials XLA sums at the end
-    # (_partials): fitted without them, its scale takes them in.
-    planning = fitted(dataclasses.replace(graph, summed_at_end=())) if any(graph.summed_at_end) else None
-    return dataclasses.replace(graph, plain_storage_scale=scale, planning_storage_scale=planning)
+    graph = dataclasses.replace(graph, plain_storage_scale=1.0)
+    sim = simulate(graph, Schedule(plain=True))
+    stored = sum(graph.node_bytes[b] for b in {graph.buffer[v] for v in sim.stored_nodes} if b >= 0)
+    if stored == 0:
+        return graph
+    scale = 1.0 + (plain_peak_bytes - sim.peak_bytes) / stored
+    return dataclasses.replace(graph, plain_storage_scale=min(2.0, max(0.5, scale)))
 
 
 def boundary_cotangent_bytes(graph: ProgramGraph, cut: int) -> int:
@@ -455,7 +447,7 @@ def simulate(graph: ProgramGraph, schedule: Schedule, *, planning: bool = False)
             rematerialized[j] = sum(size for _, size in buffers)
     for b in {graph.buffer[v] for v in range(graph.num_nodes) if materialized(graph, v) and not graph.is_output[v]}:
         if b >= 0 and node_seg[b] in as_written:
-            rematerialized[node_seg[b]] += tail_extra_bytes(graph, b, bool(schedule.saved) and not planning, planning)
+            rematerialized[node_seg[b]] += tail_extra_bytes(graph, b, bool(schedule.saved) and not planning)
     transient = [0] * num_segments
     for u in units:
         j = seg_of[u.position]

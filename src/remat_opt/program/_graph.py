@@ -120,10 +120,6 @@ class ProgramGraph:
             stores for code that runs as written (the last segment, or the
             whole plain program); 1 until calibrated against XLA
             (:func:`remat_opt.memory._simulate.calibrate`).
-        planning_storage_scale: the same, fitted to the model CP-SAT plans
-            with, which does not count the gradient partials of
-            ``summed_at_end`` (so its scale takes them in, as the prediction's
-            did before it counted them); ``None``: ``plain_storage_scale``.
         inner_bytes: per unit, bytes its own backward holds beyond its stored
             residuals: a scan whose body rematerializes reruns it per
             iteration (:mod:`remat_opt.memory._inner`); empty when no unit does.
@@ -159,7 +155,6 @@ class ProgramGraph:
     plain_storage_scale: float = 1.0
     inner_bytes: tuple[int, ...] = ()
     summed_at_end: tuple[bool, ...] = ()
-    planning_storage_scale: float | None = None
 
     @property
     def num_nodes(self) -> int:

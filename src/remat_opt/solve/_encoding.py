@@ -266,7 +266,7 @@ class Encoding:
                     live.setdefault(g.buffer[v], []).append(lit)
                     tail_buffers.add(g.buffer[v])
             for b in sorted(tail_buffers - {-1}):  # calibrated storage of code run as written
-                total += tail_extra_bytes(g, b, planning=True) * self.in_tail(g.position_of(b))
+                total += tail_extra_bytes(g, b) * self.in_tail(g.position_of(b))
         crossing: dict[int, list] = {}  # buffer -> literals: a value laid over it is stored across a cut
         for v, chain in self.cross.items():
             lits = [lit for q, lit in chain if q <= e]
