@@ -70,7 +70,7 @@ def held_partial_bytes(
         for n in at:
             before.append(before[-1] + n)
 
-        def visit(level: Schedule, lo: int, hi: int, around: int) -> int:
+        def visit(level: Schedule, lo: int, hi: int, around: int, before: list[int] = before, size: int = size) -> int:
             """Visits the segments of ``level`` in ``[lo, hi)``, last first, with
             ``around`` partials held by the levels around it; returns the
             partials its backward leaves."""
