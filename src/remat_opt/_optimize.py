@@ -33,7 +33,7 @@ from ._inputs import check_call
 from .solve._chen import chen_schedules
 from .program._cost import CostModel, Interconnect
 from ._errors import InfeasibleBudgetError
-from .memory._facts import (check_known, model_graph, read_plain, unknown_of, unknown_primitives,
+from .memory._facts import (check_known, model_graph, read_plain, unknown_of,
                             with_memory_facts)
 from .program._graph import ProgramGraph, build_graph
 from ._loop_planning import LoopSearch, body_plans, loop_plans
@@ -51,6 +51,12 @@ from ._schedule import Schedule, Simulation
 from .solve._solve import SolverOptions, low_memory_schedules, min_peak_schedule, solve
 from .program._static import Static, split
 from .program._trace import with_signature, TracedProgram, normalize_argnums, trace
+
+
+def _knowing(measure: Callable[[Callable[..., Any]], int], fn: Callable[..., Any],
+             peak: int) -> Callable[[Callable[..., Any]], int]:
+    """``measure``, which knows ``fn``'s peak already."""
+    return lambda f: peak if f is fn else measure(f)
 
 
 def _per_device(err: InfeasibleBudgetError, args: tuple, kwargs: dict,
@@ -172,15 +178,17 @@ class OptimizedFunction:
         # On a mesh, values take one device's bytes and collectives their cost (memory._sharded).
         graph, partitioned = sharded_graph(build_graph(traced, self.cost_model), self.fn, args, kwargs, nums,
                                            self.has_aux, self.interconnect)
-        # XLA's account of the program, for what no rule of the model knows.
-        compiled = (read_plain(self.fn, traced, args, kwargs, nums, self.has_aux)
-                    if self.xla_facts and unknown_primitives(graph) else None)
+        # XLA's account of the program: what no rule of the model knows, and
+        # the gradients it sums from partials held to the end.
+        compiled = read_plain(self.fn, traced, args, kwargs, nums, self.has_aux) if self.xla_facts else None
         if not self.xla_facts:
             check_known(graph)
         graph = with_memory_facts(graph, compiled)
 
         collectives: dict[int, int] = {}  # on a mesh, per measured program's id: XLA's collective bytes
         measure = self._measurer(args, kwargs, nums, collectives if partitioned is not None else None)
+        if compiled is not None and partitioned is None and not traced.unrolled_scans:
+            measure = _knowing(measure, self.fn, compiled.peak_bytes)  # fn's step, compiled once already
         try:
             planned = self._search(traced, whole, graph, args, kwargs, argnums, nums, measure, compiled)
         except InfeasibleBudgetError as err:

@@ -17,7 +17,7 @@ import networkx as nx
 
 from .._budget import parse_bytes
 from ..program._cost import CostModel
-from ..memory._facts import check_known, read_plain, unknown_primitives, with_memory_facts
+from ..memory._facts import check_known, read_plain, with_memory_facts
 from ..program._graph import ProgramGraph, build_graph
 from ..memory._measure import abstract, gradient_flops, peak_bytes
 from ..memory._simulate import calibrate, simulate
@@ -69,7 +69,7 @@ def reference(
     plain_peak = peak_bytes(fn, *args, argnums=nums, **kwargs)
     traced = trace(fn, args, kwargs, nums_t)
     graph = build_graph(traced, cost_model)
-    compiled = read_plain(fn, traced, args, kwargs, nums) if xla_facts and unknown_primitives(graph) else None
+    compiled = read_plain(fn, traced, args, kwargs, nums) if xla_facts else None
     if not xla_facts:
         check_known(graph)
     graph = calibrate(with_memory_facts(graph, compiled), plain_peak)

@@ -15,6 +15,13 @@ through the bitcasts, copies and tuple projections XLA puts between them) is a
 buffer held from the forward into the backward: a residual XLA keeps, or the
 source it recomputes fused residuals from. :func:`read_compiled` returns
 those, each with its size and equation.
+
+A gradient whose partial cotangents (one per reader of a weight shared by
+several equations: a recurrent cell's weights, unrolled) XLA adds up in one
+n-ary sum at the end of the step, instead of into an accumulator as each is
+computed, holds every partial until then. :func:`deferred_sums` reads those
+sums off the compiled program: XLA:CPU fuses JAX's chain of ``add_any`` into
+one loop fusion whose operands are all the partials.
 """
 
 from __future__ import annotations
@@ -60,6 +67,23 @@ class HeldBuffer:
 
 
 @dataclass(frozen=True)
+class DeferredSum:
+    """A step output XLA computes as one sum of several partial cotangents, all
+    live until it runs.
+
+    Attributes:
+        instruction: the HLO instruction that adds them.
+        bytes: the size of the output, and of each partial.
+        eqns: the primal equations the partials were lowered from (the
+            transposes of the equations that read one value).
+    """
+
+    instruction: str
+    bytes: int
+    eqns: frozenset[int]
+
+
+@dataclass(frozen=True)
 class CompiledProgram:
     """Facts XLA states about one compiled gradient step.
 
@@ -68,11 +92,14 @@ class CompiledProgram:
             (:func:`remat_opt.memory.peak_bytes`'s figure).
         held: the forward buffers the backward reads (:class:`HeldBuffer`).
         backend: the platform it was compiled for.
+        deferred: the step's outputs XLA sums from three or more partials held
+            until the sum (:class:`DeferredSum`).
     """
 
     peak_bytes: int
     held: tuple[HeldBuffer, ...]
     backend: str
+    deferred: tuple[DeferredSum, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -208,6 +235,48 @@ def held_buffers(hlo_text: str) -> tuple[HeldBuffer, ...]:
     return tuple(sorted(held, key=lambda b: (b.eqn, b.instruction)))
 
 
+def deferred_sums(hlo_text: str) -> tuple[DeferredSum, ...]:
+    """The step's outputs that XLA adds up from three or more partials at once.
+
+    An output of the entry computation (through bitcasts and copies) lowered
+    from JAX's ``add_any`` (its own ``op_name``, or its fused root's) whose
+    instruction reads three or more operands of its own size, each lowered
+    from an equation of the program, is such a sum: every operand is a
+    partial written earlier and held until the sum. (XLA:CPU fuses JAX's
+    chain of ``add_any`` into one fusion whose operands are the partials; a
+    backend that accumulates as it goes shows a chain of two-operand adds,
+    and no such output.)
+    """
+    entry, computations = parse_module(hlo_text)
+    instructions = computations.get(entry, [])
+    if not instructions:
+        return ()
+    by_name = {i.name: i for i in instructions}
+    root = instructions[-1]
+    outputs = list(root.operands) if root.opcode == "tuple" else [root.name]
+    out: list[DeferredSum] = []
+    for name in outputs:
+        i = by_name.get(name)
+        while i is not None and i.opcode in ("bitcast", "copy") and i.operands and i.operands[0] in by_name:
+            i = by_name[i.operands[0]]
+        if i is None or not _origin(i, computations, None).endswith("add_any"):
+            continue
+        size = _array_bytes(i.shape)
+        eqns = set()
+        partials = 0
+        for operand in dict.fromkeys(i.operands):
+            o = by_name.get(operand)
+            if o is None or _array_bytes(o.shape) != size:
+                continue
+            origin = _eqn_of(o, by_name, computations)
+            if origin is not None and origin[0] >= 0:
+                partials += 1
+                eqns.add(origin[0])
+        if partials >= 3:
+            out.append(DeferredSum(i.name, size, frozenset(eqns)))
+    return tuple(out)
+
+
 def read_compiled(step: Callable[..., Any], *args: Any, **kwargs: Any) -> CompiledProgram:
     """Compiles ``jax.jit(step)`` on these (abstract) arguments and reads what XLA made of it.
 
@@ -217,10 +286,12 @@ def read_compiled(step: Callable[..., Any], *args: Any, **kwargs: Any) -> Compil
         **kwargs: its keyword arguments.
 
     Returns:
-        XLA's peak and the buffers it holds from the forward into the backward.
+        XLA's peak, the buffers it holds from the forward into the backward,
+        and the outputs it sums from partials held until the end.
     """
     compiled, hlo = compile_dumped(step, "after_optimizations.txt", *args, **kwargs)
-    return CompiledProgram(memory_of(compiled), held_buffers(hlo or compiled.as_text()), jax.default_backend())
+    text = hlo or compiled.as_text()
+    return CompiledProgram(memory_of(compiled), held_buffers(text), jax.default_backend(), deferred_sums(text))
 
 
 @contextmanager

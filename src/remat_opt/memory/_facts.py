@@ -18,10 +18,10 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from ..program._cost import CostModel
-from ..program._graph import ProgramGraph, build_graph
+from ..program._graph import ProgramGraph, aval_bytes, build_graph
 from ..program._names import eval_program
 from ..program._trace import TracedProgram, with_signature
-from ._compiled import CompiledProgram, HeldBuffer, read_compiled
+from ._compiled import CompiledProgram, DeferredSum, HeldBuffer, read_compiled
 from ._fusion import (
     UnknownPrimitiveWarning,
     fused_and_held,
@@ -56,7 +56,24 @@ def with_memory_facts(graph: ProgramGraph, compiled: CompiledProgram | None = No
     if unknown and compiled is not None:
         fused, held = _decided_by_xla(graph, compiled, unknown, fused, held)
     transposed = transposed_layouts(units, list(graph.node_unit), list(graph.node_shape))
-    return with_inner_bytes(dataclasses.replace(graph, fused=fused, held=held, transposed=transposed))
+    summed = summed_at_end(graph, compiled.deferred) if compiled is not None else ()
+    return with_inner_bytes(dataclasses.replace(graph, fused=fused, held=held, transposed=transposed,
+                                                summed_at_end=summed))
+
+
+def summed_at_end(graph: ProgramGraph, deferred: tuple[DeferredSum, ...]) -> tuple[bool, ...]:
+    """Per flat program input, whether XLA sums its gradient from partials held
+    to the end (:attr:`ProgramGraph.summed_at_end`): a differentiated input
+    read by three or more equations, one of whose transposes is an operand of
+    a sum of ``deferred`` as large as the input."""
+    invars = graph.traced.jaxpr.jaxpr.invars
+    out = []
+    for k, readers in enumerate(graph.input_readers):
+        positions = {graph.units[u].position for u in readers}
+        size = aval_bytes(invars[k].aval)
+        out.append(bool(graph.traced.differentiable[k]) and len(readers) >= 3
+                   and any(d.bytes == size and positions & d.eqns for d in deferred))
+    return tuple(out)
 
 
 def unknown_primitives(graph: ProgramGraph) -> tuple[str, ...]:

@@ -110,6 +110,7 @@ from ._branch import live_per_segment
 from ._fusion import materialized, read_by_backward
 from ..program._graph import ProgramGraph
 from ._once import held_when_once
+from ._partials import held_partial_bytes
 from .._schedule import Schedule, Simulation, nested_ranges, segment_of_positions
 from ._slots import (
     gradient_slots,
@@ -484,14 +485,16 @@ def simulate(graph: ProgramGraph, schedule: Schedule, *, planning: bool = False)
         fenced = {j: seg_start[j] for j in range(num_segments) if j not in as_written}
         in_slots = predicted_slot_credit(stored, rematerialized_buffers(graph, remat_sizes, seg_of, branch_live),
                                          live_buffers, slots, slot_segments, fenced, matmul_slots(graph))
+    # Gradient partials XLA sums at the end of the step (_partials).
+    partials, partials_at_end = held_partial_bytes(graph, schedule, seg_of, num_segments)
     peaks = [
         base + sum(graph.node_bytes[b] for b in live_buffers[j]) - in_slots[j] + rematerialized[j]
         + relayout_bytes(graph, schedule, seg_of, j, j in as_written) + transient[j]
-        + boundary_cotangent_bytes(graph, seg_end[j] + 1) + held_cotangents[j]
+        + boundary_cotangent_bytes(graph, seg_end[j] + 1) + held_cotangents[j] + partials[j]
         for j in range(num_segments)
     ]
     return Simulation(
-        peak_bytes=max(peaks),
+        peak_bytes=max(*peaks, base + partials_at_end),
         recompute_flops=flops,
         recomputed_units=frozenset(recomputed | rerun),
         stored_nodes=frozenset(c[0] for c in copies),

@@ -123,6 +123,12 @@ class ProgramGraph:
         inner_bytes: per unit, bytes its own backward holds beyond its stored
             residuals: a scan whose body rematerializes reruns it per
             iteration (:mod:`remat_opt.memory._inner`); empty when no unit does.
+        summed_at_end: per flat program input, whether XLA adds its
+            gradient's partial cotangents (one per reader) in one sum at the
+            end of the step, holding each from the backward that writes it
+            (read off the compiled program,
+            :func:`remat_opt.memory._compiled.deferred_sums`); empty when
+            not read.
     """
 
     traced: TracedProgram
@@ -148,6 +154,7 @@ class ProgramGraph:
     held: tuple[bool, ...] = ()
     plain_storage_scale: float = 1.0
     inner_bytes: tuple[int, ...] = ()
+    summed_at_end: tuple[bool, ...] = ()
 
     @property
     def num_nodes(self) -> int:

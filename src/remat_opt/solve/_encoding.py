@@ -16,6 +16,8 @@ brute force on small graphs):
 * Running sums with a reset at every cut give each segment's recomputed
   bytes, relayout copies and largest transient; at each possible segment
   end the peak of the segment is bounded by the budget.
+* Gradient partials XLA sums at the end of the step add to each segment's
+  peak and to the end's (:mod:`remat_opt.solve._partial_terms`).
 
 The objective is the recomputed FLOPs. Unlike Checkmate's MILP (one boolean
 per stage and node, O(n²)), the variables here are O(nodes + cuts), because
@@ -44,6 +46,7 @@ from ..memory._simulate import (
     transient_bytes,
 )
 from .._schedule import Schedule
+from ._partial_terms import PartialTerms
 from ..memory._slots import gradient_slots, slot_candidates, slot_reads
 
 
@@ -211,11 +214,17 @@ class Encoding:
         # Segment-end peaks: at e = c - 1 for each candidate c, and at the end.
         self.ends: list[tuple[int, cp_model.LinearExpr, list]] = []
         base = g.input_bytes + g.output_bytes
-        for e in [c - 1 for c in cut_list] + [n - 1]:
+        ends = [c - 1 for c in cut_list] + [n - 1]
+        partials = PartialTerms(g, m, self.cut, in_tail, ends)  # gradient partials summed at the end
+        for e in ends:
             stored = self._stored_at(e)
             expr = base + stored + self.acc[e] + self.tmax[e] + boundary_cotangent_bytes(g, e + 1)
+            if partials:
+                expr += partials.at(e, last=e == n - 1)
             enforce = [self.cut[e + 1]] if e + 1 in self.cut else []
             self.ends.append((e, expr, enforce))
+        if partials:
+            self.ends.append((n - 1, base + partials.at_end(), []))
         self.flops = sum(self.rc[u] * units[u].flops for u in g.primal)
 
     def _relayout_terms(self) -> list[list]:
