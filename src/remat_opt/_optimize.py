@@ -53,6 +53,18 @@ from .program._static import Static, split
 from .program._trace import with_signature, TracedProgram, normalize_argnums, trace
 
 
+@dataclass
+class SolverClock:
+    """Seconds spent in solvers during one planning call, whichever plan wins."""
+
+    seconds: float = 0.0
+
+    def add(self, seconds: float) -> float:
+        """Counts ``seconds``; returns them."""
+        self.seconds += seconds
+        return seconds
+
+
 def _knowing(measure: Callable[[Callable[..., Any]], int], fn: Callable[..., Any],
              peak: int) -> Callable[[Callable[..., Any]], int]:
     """``measure``, which knows ``fn``'s peak already."""
@@ -268,9 +280,10 @@ class OptimizedFunction:
         # Only a schedule cheaper than what already fits is worth measuring: than the
         # best loop plan (a schedule as cheap wins the tie), then than CP-SAT's.
         loop_ceiling = best_loop[0].measured_recompute_flops + 1 if best_loop is not None else None
+        clock = SolverClock()
         try:
             planned = self._solve_schedule(graph, budget, args, kwargs, nums, measure, baseline_flops, plain_peak,
-                                           loop_ceiling)
+                                           loop_ceiling, clock)
         except InfeasibleBudgetError as err:
             planned, infeasible = None, err
         planned_flops = planned[0].measured_recompute_flops if planned is not None else None
@@ -280,7 +293,9 @@ class OptimizedFunction:
         # The fewest recomputed FLOPs wins; on a tie, CP-SAT's schedule, then the others.
         choices = [p for p in (planned, other, best_loop) if p is not None]
         if choices:
-            return min(choices, key=lambda p: p[0].measured_recompute_flops)
+            plan, program = min(choices, key=lambda p: p[0].measured_recompute_flops)
+            # Whichever wins, the plan reports every solve of this call (CP-SAT's, the bodies').
+            return dataclasses.replace(plan, solve_seconds=clock.seconds + sum(c.seconds for c in bodies)), program
         # Nothing fits: the error names the lowest peak XLA measured for any plan.
         lowest = [(c.measured, f"{c.loop}") for c in loops]
         if lowest_other is not None:
@@ -359,7 +374,8 @@ class OptimizedFunction:
 
     def _solve_schedule(self, graph: ProgramGraph, budget: int, args: tuple, kwargs: dict, nums: Any,
                         measure: Callable[[Callable[..., Any]], int], baseline_flops: int,
-                        plain_peak: int, ceiling_flops: int | None = None) -> tuple[Plan, Callable[..., Any]] | None:
+                        plain_peak: int, ceiling_flops: int | None, clock: SolverClock,
+                        ) -> tuple[Plan, Callable[..., Any]] | None:
         """CP-SAT's schedule on ``graph``, its target steered by what XLA measures.
 
         Every plan is measured; XLA's figure against the model's is the
@@ -389,10 +405,10 @@ class OptimizedFunction:
             try:
                 solution = solve(graph, target, self.solver_options)
             except InfeasibleBudgetError as err:
-                solve_seconds += time.perf_counter() - started  # the lowest-memory search, inside
+                solve_seconds += clock.add(time.perf_counter() - started)  # the lowest-memory search, inside
                 lowest = err.schedule
                 break  # nothing under the target in the model: XLA may still take the lowest-memory schedule
-            solve_seconds += solution.solve_seconds
+            solve_seconds += clock.add(solution.solve_seconds)
             bound = bound or solution.bound_flops
             logger.info("solve %d/%d: target %s, %s in %.1fs, %s FLOPs recomputed (bound %.0f)", attempt,
                         self.max_attempts, format_bytes(target), solution.status, solution.solve_seconds,
@@ -439,7 +455,7 @@ class OptimizedFunction:
         if lowest is None:
             started = time.perf_counter()
             lowest = min_peak_schedule(graph, self.solver_options)
-            solve_seconds += time.perf_counter() - started
+            solve_seconds += clock.add(time.perf_counter() - started)
         flops = {c: simulate(graph, c).recompute_flops
                  for c in low_memory_schedules(graph, lowest, self.FALLBACK_CANDIDATES)}
         if ceiling_flops is not None:
