@@ -23,6 +23,7 @@ from remat_opt.memory._slots import (
     stored_in_slots,
 )
 from remat_opt.solve._solve import (
+    WHOLE_GRAPH_POSITIONS,
     SolverOptions,
     _saves_within_cuts,
     min_peak_schedule,
@@ -277,9 +278,24 @@ def test_a_search_the_wall_clock_stops_is_reported(small_gpt, caplog):
     ref = reference(loss, (params, batch), {}, 0, 1 << 40, None)
     budget = int(0.6 * ref.plain_peak_bytes)
     with caplog.at_level(logging.WARNING, logger="remat_opt"):
-        solve(ref.graph, budget, SolverOptions(deterministic_time_limit=0.05))
+        solve(ref.graph, budget, SolverOptions(deterministic_time_limit=0.05, whole_graph=True))
     assert "wall-clock" not in caplog.text
     with caplog.at_level(logging.WARNING, logger="remat_opt"):
-        solution = solve(ref.graph, budget, SolverOptions(time_limit_s=0.05, deterministic_time_limit=60.0))
+        solution = solve(ref.graph, budget, SolverOptions(time_limit_s=0.05, deterministic_time_limit=60.0,
+                                                          whole_graph=True))
     assert solution.status != "OPTIMAL"
     assert "wall-clock cap" in caplog.text
+
+
+def test_a_large_program_of_blocks_takes_the_decomposition_by_default(small_gpt):
+    """Above WHOLE_GRAPH_POSITIONS, a program of repeated layers gets the block
+    decomposition's plan without the whole-graph CP-SAT (which did not improve
+    it there); asked for, the whole-graph search runs from it and is no worse."""
+    loss, params, batch = small_gpt
+    ref = reference(loss, (params, batch), {}, 0, 1 << 40, None)
+    assert ref.graph.num_positions > WHOLE_GRAPH_POSITIONS
+    budget = int(0.6 * ref.plain_peak_bytes)
+    default = solve(ref.graph, budget)
+    assert default.method == "blocks"
+    whole = solve(ref.graph, budget, SolverOptions(whole_graph=True, deterministic_time_limit=1.0))
+    assert whole.method == "blocks+cp-sat" and whole.objective_flops <= default.objective_flops

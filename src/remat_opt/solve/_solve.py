@@ -32,6 +32,18 @@ from ._chen import chen_schedules
 from ._encoding import Encoding, cut_candidates, save_candidates
 
 
+WHOLE_GRAPH_POSITIONS = 300
+"""Above this many positions, a program of repeated blocks takes the block
+decomposition's plan without the whole-graph CP-SAT (``SolverOptions.whole_graph``
+left at ``None``). The whole-graph model proves optimality up to about two zoo
+GPT layers (~250 positions, ``experiments/results/solve_time.csv``); above
+that, started from the decomposition's plan, it did not improve it on the zoo
+GPT at 8 and 16 layers (``experiments/block_solve.py``), nor in the demo (8
+layers, d_model 128; jax 0.10.2, 2 shared cores) at 0.75 of the plain peak (the
+same plan, +0.23%, after 6 s of solving instead of 125 s) or at 0.5 (+1.92% in
+13 s over four measured attempts, against +2.79% in 98 s and one attempt)."""
+
+
 @dataclass(frozen=True)
 class SolverOptions:
     """CP-SAT settings; every solve is bounded, seeded and deterministic.
@@ -59,6 +71,8 @@ class SolverOptions:
             off, a program of identical blocks gets the decomposition's plan
             alone (status ``"FEASIBLE"``, no bound: gap 1), in seconds
             whatever its depth. Programs without blocks always run it.
+            ``None`` (the default): on, unless the program has blocks and
+            more than :data:`WHOLE_GRAPH_POSITIONS` positions.
     """
 
     time_limit_s: float = 120.0
@@ -68,7 +82,7 @@ class SolverOptions:
     max_cut_candidates: int = 48
     first_stage_share: float = 0.0
     blocks: bool = True
-    whole_graph: bool = True
+    whole_graph: bool | None = None
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.first_stage_share < 1.0:
@@ -190,7 +204,10 @@ def solve(graph: ProgramGraph, budget_bytes: int, options: SolverOptions = Solve
     if decomposed is not None and (incumbent is None or decomposed.flops < simulate(graph, incumbent).recompute_flops):
         incumbent = decomposed.schedule
     method = "cp-sat" if decomposed is None else "blocks+cp-sat"
-    if decomposed is not None and not options.whole_graph:
+    whole_graph = options.whole_graph
+    if whole_graph is None:
+        whole_graph = graph.num_positions <= WHOLE_GRAPH_POSITIONS
+    if decomposed is not None and not whole_graph:
         objective = simulate(graph, incumbent).recompute_flops
         status, gap = ("OPTIMAL", 0.0) if objective == 0 else ("FEASIBLE", 1.0)
         return Solution(incumbent, status, objective, 0.0, gap, time.perf_counter() - start, "blocks")
