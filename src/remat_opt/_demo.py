@@ -29,7 +29,8 @@ def run(model: str = "gpt", fractions: tuple[float, ...] = (0.9, 0.75, 0.6, 0.5,
     plain = peak_bytes(spec.loss, params, batch)
     print(f"{model}: {spec.default_config}")
     print(f"plain gradient step peak (XLA): {format_bytes(plain)}; jax {jax.__version__}, {jax.devices()[0].platform}")
-    header = f"{'budget':>11} {'predicted':>11} {'measured':>11} {'plain':>11} {'recompute':>9} {'solve s':>8}  status"
+    header = (f"{'budget':>11} {'predicted':>11} {'measured':>11} {'plain':>11} {'recompute':>9} {'solve s':>8} "
+              f"{'total s':>8}  status")
     print(header)
     rows = []
     for frac in fractions:
@@ -46,5 +47,6 @@ def run(model: str = "gpt", fractions: tuple[float, ...] = (0.9, 0.75, 0.6, 0.5,
                    total_s=time.perf_counter() - start)
         rows.append(row)
         print(f"{format_bytes(budget):>11} {format_bytes(row['predicted']):>11} {format_bytes(row['measured']):>11} "
-              f"{format_bytes(plain):>11} {row['overhead']:>8.1%} {row['solve_s']:>8.1f}  {row['status']}")
+              f"{format_bytes(plain):>11} {row['overhead']:>8.1%} {row['solve_s']:>8.1f} {row['total_s']:>8.1f}  "
+              f"{row['status']}")
     return rows
