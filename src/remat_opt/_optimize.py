@@ -38,9 +38,9 @@ from .memory._facts import (check_known, model_graph, read_plain, unknown_of,
 from .program._graph import ProgramGraph, build_graph
 from ._loop_planning import LoopSearch, body_plans, loop_plans
 from .rewrite._loops import loop_program
-from .memory._measure import abstract, gradient_flops, gradient_step, memory_of, mesh_sharding, peak_bytes
-from .memory._sharded import (Partitioned, collective_bytes, collective_decisions, is_sharded, sharded_graph,
-                              with_shardings)
+from ._mesh import measurer, per_device_error, sharded_twin, with_collectives
+from .memory._measure import abstract, gradient_flops, mesh_sharding
+from .memory._sharded import is_sharded, sharded_graph, with_shardings
 from .memory._simulate import calibrate, simulate
 from .solve._nesting import nested_candidates
 from .solve._policy_saves import policy_schedules
@@ -69,17 +69,6 @@ def _knowing(measure: Callable[[Callable[..., Any]], int], fn: Callable[..., Any
              peak: int) -> Callable[[Callable[..., Any]], int]:
     """``measure``, which knows ``fn``'s peak already."""
     return lambda f: peak if f is fn else measure(f)
-
-
-def _per_device(err: InfeasibleBudgetError, args: tuple, kwargs: dict,
-                partitioned: Partitioned) -> InfeasibleBudgetError:
-    """``err`` for a sharded program: its budget is one device's peak, which it says."""
-    devices = max(len(x.sharding.device_set) for x in jax.tree_util.tree_leaves((args, kwargs))
-                  if mesh_sharding(x) is not None)
-    detail = (f"{err.detail} The arguments are sharded over {devices} devices, so budget_bytes is one "
-              f"device's peak (XLA measured {partitioned.peak_bytes:,} bytes per device for the step as "
-              "written): divide a budget for the whole mesh by the devices.")
-    return InfeasibleBudgetError(err.budget_bytes, err.min_budget_bytes, detail=detail.strip(), schedule=err.schedule)
 
 
 @dataclass(frozen=True)
@@ -163,23 +152,12 @@ class OptimizedFunction:
             raise
         key = _signature(specs, kwargs_specs)
         if key not in self._cache:
-            twin = self._sharded_twin(key)
+            twin = sharded_twin(self._cache, key)
             if twin is not None:
                 return twin
             check_call(self.fn, args, kwargs, self.argnums, self.has_aux)  # remat_opt._inputs: typed errors
             self._cache[key] = self._cached_plan(specs, kwargs_specs)
         return self._cache[key]
-
-    def _sharded_twin(self, key: _Signature) -> tuple[Plan, Callable[..., Any]] | None:
-        """Under ``jax.jit`` the arguments are tracers, which carry no mesh
-        layout: a call whose leaves have no sharding takes the plan made for
-        the same shapes on a mesh (by :meth:`plan` or a call on the arrays)."""
-        if any(sharding is not None for *_, sharding in key.avals):
-            return None
-        for other, planned in self._cache.items():
-            if other.static == key.static and [a[:2] for a in other.avals] == [a[:2] for a in key.avals]:
-                return planned
-        return None
 
     def _make_plan(self, args: tuple, kwargs: dict) -> tuple[Plan, Callable[..., Any]]:
         argnums = normalize_argnums(self.argnums, len(args))
@@ -198,7 +176,7 @@ class OptimizedFunction:
         graph = with_memory_facts(graph, compiled)
 
         collectives: dict[int, int] = {}  # on a mesh, per measured program's id: XLA's collective bytes
-        measure = self._measurer(args, kwargs, nums, collectives if partitioned is not None else None)
+        measure = measurer(args, kwargs, nums, self.has_aux, collectives if partitioned is not None else None)
         if compiled is not None and partitioned is None and not traced.unrolled_scans:
             measure = _knowing(measure, self.fn, compiled.peak_bytes)  # fn's step, compiled once already
         try:
@@ -206,40 +184,12 @@ class OptimizedFunction:
         except InfeasibleBudgetError as err:
             if partitioned is None:
                 raise
-            raise _per_device(err, args, kwargs, partitioned) from err
+            raise per_device_error(err, args, kwargs, partitioned) from err
         if partitioned is None:
             return planned
         plan, program = planned
-        return self._on_mesh(plan, graph, partitioned, collectives[id(program)], collectives[id(self.fn)]), program
-
-    def _measurer(self, args: tuple, kwargs: dict, nums: Any,
-                  collectives: dict[int, int] | None) -> Callable[[Callable[..., Any]], int]:
-        """XLA's peak of a program's gradient step on these arguments; with
-        ``collectives`` (a sharded program), each program's collective bytes too,
-        by its id (the programs are kept alive while the ids stand for them)."""
-        measured: list[Callable[..., Any]] = []
-
-        def measure(f: Callable[..., Any]) -> int:
-            if collectives is None:
-                return peak_bytes(f, *args, argnums=nums, has_aux=self.has_aux, **kwargs)
-            step, step_args, step_kwargs = gradient_step(f, args, kwargs, nums, self.has_aux)
-            compiled = jax.jit(step).lower(*abstract(step_args), **abstract(step_kwargs)).compile()
-            collectives[id(f)] = collective_bytes(compiled.as_text())
-            measured.append(f)
-            return memory_of(compiled)
-
-        return measure
-
-    def _on_mesh(self, plan: Plan, graph: ProgramGraph, partitioned: Partitioned, measured_collectives: int,
-                 plain_collectives: int) -> Plan:
-        """``plan`` with XLA's collective bytes, and per collective equation its decision
-        (from the plan's graph, when it is ``graph``'s: not a loop plan's)."""
-        same = plan.loop_plan is None and plan.graph.number_of_nodes() == graph.nx_graph().number_of_nodes()
-        decisions = dict(plan.graph.nodes(data="decision")) if same else {}
-        return dataclasses.replace(plan, collective_bytes=measured_collectives,
-                                   plain_collective_bytes=plain_collectives,
-                                   collective_flops_per_byte=self.interconnect.flops_per_byte,
-                                   collectives=collective_decisions(graph, partitioned, decisions) if same else ())
+        return with_collectives(plan, graph, partitioned, collectives[id(program)], collectives[id(self.fn)],
+                                self.interconnect), program
 
     def _search(self, traced: TracedProgram, whole: TracedProgram, graph: ProgramGraph, args: tuple, kwargs: dict,
                 argnums: tuple[int, ...], nums: Any, measure: Callable[[Callable[..., Any]], int],

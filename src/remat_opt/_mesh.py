@@ -1,0 +1,80 @@
+"""What a planning call does differently when its arguments are sharded over a mesh.
+
+The plan itself is made as for one device (the graph takes one device's bytes
+and the collectives' costs, :mod:`remat_opt.memory._sharded`); around it,
+each program is measured with its collective bytes too, an unreachable budget
+says it is one device's, the returned plan carries XLA's collective figures,
+and a call under ``jax.jit`` (tracers, which carry no layout) finds the plan
+made for the same shapes on the mesh.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+
+from ._errors import InfeasibleBudgetError
+from ._plan import Plan
+from .memory._measure import abstract, gradient_step, memory_of, mesh_sharding, peak_bytes
+from .memory._sharded import Partitioned, collective_decisions, collective_bytes
+from .program._cost import Interconnect
+from .program._graph import ProgramGraph
+
+Measure = Callable[[Callable[..., Any]], int]
+
+
+def measurer(args: tuple, kwargs: dict, nums: Any, has_aux: bool, collectives: dict[int, int] | None) -> Measure:
+    """XLA's peak of a program's gradient step on these arguments; with
+    ``collectives`` (a sharded program), each program's collective bytes too,
+    by its id (the programs are kept alive while the ids stand for them)."""
+    measured: list[Callable[..., Any]] = []
+
+    def measure(f: Callable[..., Any]) -> int:
+        if collectives is None:
+            return peak_bytes(f, *args, argnums=nums, has_aux=has_aux, **kwargs)
+        step, step_args, step_kwargs = gradient_step(f, args, kwargs, nums, has_aux)
+        compiled = jax.jit(step).lower(*abstract(step_args), **abstract(step_kwargs)).compile()
+        collectives[id(f)] = collective_bytes(compiled.as_text())
+        measured.append(f)
+        return memory_of(compiled)
+
+    return measure
+
+
+def per_device_error(err: InfeasibleBudgetError, args: tuple, kwargs: dict,
+                     partitioned: Partitioned) -> InfeasibleBudgetError:
+    """``err`` for a sharded program: its budget is one device's peak, which it says."""
+    devices = max(len(x.sharding.device_set) for x in jax.tree_util.tree_leaves((args, kwargs))
+                  if mesh_sharding(x) is not None)
+    detail = (f"{err.detail} The arguments are sharded over {devices} devices, so budget_bytes is one "
+              f"device's peak (XLA measured {partitioned.peak_bytes:,} bytes per device for the step as "
+              "written): divide a budget for the whole mesh by the devices.")
+    return InfeasibleBudgetError(err.budget_bytes, err.min_budget_bytes, detail=detail.strip(), schedule=err.schedule)
+
+
+def with_collectives(plan: Plan, graph: ProgramGraph, partitioned: Partitioned, measured_collectives: int,
+                     plain_collectives: int, interconnect: Interconnect) -> Plan:
+    """``plan`` with XLA's collective bytes, and per collective equation its decision
+    (from the plan's graph, when it is ``graph``'s: not a loop plan's)."""
+    same = plan.loop_plan is None and plan.graph.number_of_nodes() == graph.nx_graph().number_of_nodes()
+    decisions = dict(plan.graph.nodes(data="decision")) if same else {}
+    return dataclasses.replace(plan, collective_bytes=measured_collectives,
+                               plain_collective_bytes=plain_collectives,
+                               collective_flops_per_byte=interconnect.flops_per_byte,
+                               collectives=collective_decisions(graph, partitioned, decisions) if same else ())
+
+
+def sharded_twin(planned: Mapping[Any, Any], key: Any) -> Any | None:
+    """Under ``jax.jit`` the arguments are tracers, which carry no mesh
+    layout: a call whose leaves have no sharding takes the plan made for the
+    same shapes on a mesh (by ``plan`` or a call on the arrays). ``planned``
+    maps signatures (``static``; ``avals`` of shape, dtype, sharding) to plans."""
+    if any(sharding is not None for *_, sharding in key.avals):
+        return None
+    for other, plan in planned.items():
+        if other.static == key.static and [a[:2] for a in other.avals] == [a[:2] for a in key.avals]:
+            return plan
+    return None
