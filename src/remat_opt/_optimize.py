@@ -65,12 +65,6 @@ class SolverClock:
         return seconds
 
 
-def _knowing(measure: Callable[[Callable[..., Any]], int], fn: Callable[..., Any],
-             peak: int) -> Callable[[Callable[..., Any]], int]:
-    """``measure``, which knows ``fn``'s peak already."""
-    return lambda f: peak if f is fn else measure(f)
-
-
 @dataclass(frozen=True)
 class _Signature:
     static: Static  # the tree structure and its static leaves (by equality, or identity)
@@ -177,8 +171,6 @@ class OptimizedFunction:
 
         collectives: dict[int, int] = {}  # on a mesh, per measured program's id: XLA's collective bytes
         measure = measurer(args, kwargs, nums, self.has_aux, collectives if partitioned is not None else None)
-        if compiled is not None and partitioned is None and not traced.unrolled_scans:
-            measure = _knowing(measure, self.fn, compiled.peak_bytes)  # fn's step, compiled once already
         try:
             planned = self._search(traced, whole, graph, args, kwargs, argnums, nums, measure, compiled)
         except InfeasibleBudgetError as err:
