@@ -26,6 +26,7 @@ their value.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 
 from ortools.sat.python import cp_model
 
@@ -35,10 +36,12 @@ from ..program._graph import ProgramGraph, aval_bytes
 class PartialTerms:
     """Per summed weight, the literals above; :meth:`at` gives an end's bytes."""
 
-    def __init__(self, graph: ProgramGraph, model: cp_model.CpModel, cut: dict[int, cp_model.IntVar],
-                 in_tail, ends: list[int]):
+    def __init__(self, graph: ProgramGraph, model: cp_model.CpModel,
+                 cut: dict[int, cp_model.IntVar], in_tail: Callable[[int], object],
+                 ends: list[int]):
         self._model = model
-        self._weights: list[tuple[int, list[tuple[int, int, object, object]], dict[int, cp_model.IntVar]]] = []
+        # Per summed weight: its bytes, its readers (position, count, tail, g), its running counts.
+        self._weights: list[tuple[int, list[tuple[int, int, object, object]], dict]] = []
         if not graph.summed_at_end:
             return
         invars = graph.traced.jaxpr.jaxpr.invars
@@ -91,7 +94,8 @@ class PartialTerms:
 
     def at_end(self) -> cp_model.LinearExpr:
         """Bytes of partials held at the end of the step, above inputs and outputs."""
-        return sum(self._positive(size, sum(n * tail + g for _, n, tail, g in readers) - 1, 2 * sum(r[1] for r in readers))
+        return sum(self._positive(size, sum(n * tail + g for _, n, tail, g in readers) - 1,
+                                  2 * sum(r[1] for r in readers))
                    for size, readers, _ in self._weights)
 
     def _positive(self, size: int, count: cp_model.LinearExpr, most: int) -> cp_model.IntVar:
