@@ -24,6 +24,13 @@ import jax
 import numpy as np
 
 MiB = 2**20
+
+
+def mib(n: int | None) -> str:
+    """``n`` bytes in MiB with two decimals; ``-`` for no figure (a plan the model does not predict)."""
+    return "-" if n is None else f"{n / MiB:.2f}"
+
+
 RESULTS = Path(__file__).resolve().parent / "results"
 
 # Experiments plan afresh: a plan loaded from the user's plan cache would time

@@ -25,7 +25,7 @@ import remat_opt
 from remat_opt.zoo import MODELS, MLPConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, MiB, command, stamp, write_csv  # noqa: E402
+from common import RESULTS, MiB, command, mib, stamp, write_csv  # noqa: E402
 
 
 def describe(plan: remat_opt.Plan) -> str:
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         budget = "" if r["budget_bytes"] is None else f"{r['budget_bytes'] / MiB:.2f}"
         print(f"| {r['strategy']} | {budget} | {r['measured_peak_bytes'] / MiB:.2f} | "
-              f"{r['predicted_peak_bytes'] / MiB:.2f} | {r['overhead']:+.1%} | {r['plan']} |")
+              f"{mib(r['predicted_peak_bytes'])} | {r['overhead']:+.1%} | {r['plan']} |")
     print(f"\nremat_opt's lowest: {lowest / MiB:.2f} MiB; "
           + ("; ".join(failures) if failures else "every budget met; at each baseline's peak remat_opt recomputes no more"))
     return 1 if failures else 0

@@ -38,7 +38,7 @@ import remat_opt
 from remat_opt.zoo import MODELS, GPTConfig, MLPConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, MiB, command, stamp, step_seconds, write_csv  # noqa: E402
+from common import RESULTS, MiB, command, mib, stamp, step_seconds, write_csv  # noqa: E402
 
 QUICK_CONFIGS = {
     "mlp": MLPConfig(depth=6, width=64, batch=256),
@@ -135,7 +135,7 @@ def run_model(name: str, config, budgets: int, policies, options, timed: bool, q
         seconds = step_seconds(step, args) if timed else None
         rows.append(row(name, config, plan, kind, seconds))
         print(f"  remat_opt budget {budget / MiB:8.2f} MiB  peak {plan.measured_peak_bytes / MiB:8.2f} "
-              f"(predicted {plan.predicted_peak_bytes / MiB:8.2f})  +{rows[-1]['overhead']:.1%} FLOPs  "
+              f"(predicted {mib(plan.predicted_peak_bytes):>8})  +{rows[-1]['overhead']:.1%} FLOPs  "
               f"{plan.status} {plan.solve_seconds:.0f}s", flush=True)
     return rows
 

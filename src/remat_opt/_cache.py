@@ -47,9 +47,10 @@ from .rewrite._loops import LoopPlan
 
 CACHE_DIR_ENV = "REMAT_OPT_CACHE_DIR"
 FORMAT = 1
-KINDS = ("plain", "schedule", "loop")
+KINDS = ("plain", "schedule", "loop", "policy")
 """What an entry restores: the function as written, a schedule on the traced
-program, or a loop plan on the program with its scans whole."""
+program, a loop plan on the program with its scans whole, or ``jax.checkpoint``
+around the whole function with a built-in policy."""
 
 _PLAN_FIELDS = tuple(f.name for f in dataclasses.fields(Plan) if f.name not in ("graph", "schedule", "loop_plan"))
 
@@ -147,6 +148,8 @@ def plan_kind(plan: Plan) -> str | None:
         return None
     if plan.loop_plan is not None:
         return "loop"
+    if plan.whole_policy is not None:
+        return "policy"
     return "plain" if plan.status == "PLAIN" else "schedule"
 
 

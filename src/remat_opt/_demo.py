@@ -46,7 +46,7 @@ def run(model: str = "gpt", fractions: tuple[float, ...] = (0.9, 0.75, 0.6, 0.5,
                    status=plan.status + (f" gap {plan.gap:.1%}" if plan.status == "FEASIBLE" else ""),
                    total_s=time.perf_counter() - start)
         rows.append(row)
-        print(f"{format_bytes(budget):>11} {format_bytes(row['predicted']):>11} {format_bytes(row['measured']):>11} "
+        print(f"{format_bytes(budget):>11} {'-' if row['predicted'] is None else format_bytes(row['predicted']):>11} {format_bytes(row['measured']):>11} "
               f"{format_bytes(plain):>11} {row['overhead']:>8.1%} {row['solve_s']:>8.1f} {row['total_s']:>8.1f}  "
               f"{row['status']}")
     return rows

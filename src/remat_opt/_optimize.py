@@ -6,8 +6,9 @@ has been compiled and its peak measured at or under the budget. Each
 measurement steers the solver's next target (tightened by an overshoot,
 loosened by an over-prediction); if nothing fit, the lowest-memory schedules
 are measured. Nested schedules (:mod:`remat_opt.solve._nesting`), Chen's
-segmentations and a program's loop plans (:mod:`remat_opt.rewrite._loops`) are
-measured too; the plan that fits with the fewest recomputed FLOPs is returned.
+segmentations, a program's loop plans (:mod:`remat_opt.rewrite._loops`) and
+JAX's built-in policies around the whole function (:mod:`remat_opt._policy_planning`)
+are measured too; the plan that fits with the fewest recomputed FLOPs is returned.
 If nothing fits, :class:`InfeasibleBudgetError` says which budget XLA confirms.
 """
 
@@ -37,7 +38,9 @@ from .memory._facts import (check_known, model_graph, read_plain, unknown_of,
                             with_memory_facts)
 from .program._graph import ProgramGraph, build_graph
 from ._loop_planning import LoopSearch, body_plans, loop_plans
+from ._policy_planning import PolicyCandidate, counted_policies, measured_policies
 from .rewrite._loops import loop_program
+from .rewrite._policies import policy_program
 from ._mesh import measurer, per_device_error, sharded_twin, with_collectives
 from .memory._measure import abstract, gradient_flops, mesh_sharding
 from .memory._sharded import is_sharded, sharded_graph, with_shardings
@@ -207,6 +210,13 @@ class OptimizedFunction:
                               "PLAIN", 0.0, 0.0, 0)
             return plan, self.fn
 
+        # jax.checkpoint around fn with a built-in policy that recomputes nothing:
+        # when XLA fits it (it can keep less than fn as written), nothing beats it.
+        policies = counted_policies(self.fn, args, kwargs, nums, self.cost_model, self.has_aux, baseline_flops)
+        free = measured_policies(policies, budget, measure, below_flops=1)
+        if free and free[-1].measured <= budget:
+            return self._policy_plan(whole_graph, free[-1], plain_peak, baseline_flops, 0.0)
+
         def make_plan(graph, sim, measured, flops, status, gap, seconds, attempts):
             return self._plan(graph, sim, Schedule(plain=True), measured, plain_peak, flops, baseline_flops,
                               status, gap, seconds, attempts)
@@ -232,14 +242,20 @@ class OptimizedFunction:
         ceiling = min((c for c in (planned_flops, loop_ceiling) if c is not None), default=None)
         other, lowest_other = self._measured_schedules(graph, budget, ceiling, measure, args, kwargs, nums,
                                                        baseline_flops, plain_peak)
-        # The fewest recomputed FLOPs wins; on a tie, CP-SAT's schedule, then the others.
+        # The fewest recomputed FLOPs wins; on a tie, CP-SAT's schedule, then the others,
+        # then a whole-function policy (measured only when it recomputes less).
         choices = [p for p in (planned, other, best_loop) if p is not None]
-        if choices:
-            plan, program = min(choices, key=lambda p: p[0].measured_recompute_flops)
-            # Whichever wins, the plan reports every solve of this call (CP-SAT's, the bodies').
-            return dataclasses.replace(plan, solve_seconds=clock.seconds + sum(c.seconds for c in bodies)), program
+        best = min(choices, key=lambda p: p[0].measured_recompute_flops, default=None)
+        ceiling = None if best is None else best[0].measured_recompute_flops
+        tried = [*free, *measured_policies(policies, budget, measure, below_flops=ceiling, above_flops=0)]
+        seconds = clock.seconds + sum(c.seconds for c in bodies)  # every solve of this call, whichever wins
+        if tried and tried[-1].measured <= budget:
+            return self._policy_plan(whole_graph, tried[-1], plain_peak, baseline_flops, seconds)
+        if best is not None:
+            return dataclasses.replace(best[0], solve_seconds=seconds), best[1]
         # Nothing fits: the error names the lowest peak XLA measured for any plan.
         lowest = [(c.measured, f"{c.loop}") for c in loops]
+        lowest += [(c.measured, f"jax.checkpoint(fn, policy={c.policy})") for c in tried]
         if lowest_other is not None:
             depth = lowest_other[0].schedule.depth()
             lowest.append((lowest_other[0].measured_peak_bytes,
@@ -418,6 +434,16 @@ class OptimizedFunction:
         return self._finish(graph, sim, schedule, measured, plain_peak, program, args, kwargs, nums,
                             baseline_flops, "FEASIBLE", gap, solve_seconds, solves + 1)
 
+    def _policy_plan(self, graph: ProgramGraph, candidate: PolicyCandidate, plain_peak: int, baseline_flops: int,
+                     solve_seconds: float) -> tuple[Plan, Callable[..., Any]]:
+        """The plan of a measured whole-function policy; the model does not describe its program."""
+        status, gap = ("FEASIBLE", 1.0) if candidate.flops > 0 else ("OPTIMAL", 0.0)
+        plan = self._plan(graph, simulate(graph, Schedule(plain=True)), Schedule(plain=True), candidate.measured,
+                          plain_peak, candidate.flops, baseline_flops, status, gap, solve_seconds, 1)
+        plan = dataclasses.replace(plan, predicted_peak_bytes=None, recompute_flops=candidate.flops,
+                                   segment_peaks=(), whole_policy=candidate.policy)
+        return plan, candidate.program
+
     def _program(self, graph: ProgramGraph, schedule: Schedule) -> Callable[..., Any]:
         """``fn`` under ``schedule``, as this function's options rewrite it."""
         return apply_schedule(self.fn, graph, schedule, compute_saved_once=self.compute_saved_once)
@@ -504,6 +530,9 @@ class OptimizedFunction:
             graph = model_graph(trace(program, args, kwargs, argnums), self.cost_model)
         elif kind == "plain":
             program, graph = self.fn, model_graph(whole, self.cost_model)
+        elif kind == "policy":
+            program = policy_program(self.fn, entry["plan"]["whole_policy"])
+            graph = model_graph(whole, self.cost_model)
         else:
             scans = self.unroll_scans and any(e.primitive.name == "scan" for e in whole.jaxpr.jaxpr.eqns)
             graph = model_graph(trace(self.fn, args, kwargs, argnums, self.unroll_scans) if scans else whole,

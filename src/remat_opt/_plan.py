@@ -81,6 +81,12 @@ class Plan:
             collective (an FSDP layer's weight gather) with the plan's decision
             on its value: saved, gathered again in the backward, or held
             (:class:`remat_opt.memory._sharded.Collective`).
+        whole_policy: set when the plan is ``jax.checkpoint`` around the whole
+            function with this built-in policy (a key of ``remat_opt.POLICIES``),
+            chosen by measurement (:mod:`remat_opt._policy_planning`); the model
+            does not describe it (``predicted_peak_bytes`` is ``None``),
+            ``recompute_flops`` is the measured figure and ``gap`` is against
+            the trivial bound 0.
     """
 
     graph: nx.DiGraph = field(repr=False, compare=False)
@@ -105,6 +111,7 @@ class Plan:
     plain_collective_bytes: int | None = None
     collective_flops_per_byte: float = 0.0
     collectives: tuple[Collective, ...] = ()
+    whole_policy: str | None = None
 
     @property
     def recompute_collective_bytes(self) -> int | None:
@@ -164,6 +171,8 @@ class Plan:
             status = self.status
         elif self.loop_plan is not None:
             status = "FEASIBLE, the cheapest loop plan that fits (no lower bound)"
+        elif self.whole_policy is not None:
+            status = "FEASIBLE, the cheapest whole-function policy that fits (no lower bound)"
         elif self.schedule is not None and self.schedule.nested:
             status = "FEASIBLE, the cheapest nested schedule that fits (no lower bound)"
         else:
@@ -171,6 +180,8 @@ class Plan:
         predicted = "none" if self.predicted_peak_bytes is None else format_bytes(self.predicted_peak_bytes)
         if self.loop_plan is not None:
             decisions = str(self.loop_plan)
+        elif self.whole_policy is not None:
+            decisions = f"jax.checkpoint around the whole function, policy {self.whole_policy}"
         elif self.schedule is None:
             decisions = "not a schedule"
         else:

@@ -123,6 +123,10 @@ def report(plan: Plan, fragmentation: Fragmentation | None = None) -> str:
     if fragmentation is not None:
         lines.append(f"fragmentation: {fragmentation}")
     graph = plan.graph
+    if plan.whole_policy is not None:
+        lines.append(f"jax.checkpoint around the whole function with {plan.whole_policy}, measured on XLA: "
+                     "no decisions per value to report.")
+        return "\n".join(lines)
     if plan.schedule is None or all(d is None for _, d in graph.nodes(data="decision")):
         lines.append("This plan is not a schedule on the program graph: no decisions per value to report.")
         return "\n".join(lines)
