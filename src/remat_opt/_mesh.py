@@ -18,12 +18,18 @@ import jax
 
 from ._errors import InfeasibleBudgetError
 from ._plan import Plan
+from .memory._compiles import compiled_figures
 from .memory._measure import abstract, gradient_step, memory_of, mesh_sharding, peak_bytes
-from .memory._sharded import Partitioned, collective_decisions, collective_bytes
+from .memory._sharded import Partitioned, collective_bytes, collective_decisions
 from .program._cost import Interconnect
 from .program._graph import ProgramGraph
 
 Measure = Callable[[Callable[..., Any]], int]
+
+
+def _peak_and_collectives(lowered: Any) -> tuple[int, int]:
+    compiled = lowered.compile()
+    return memory_of(compiled), collective_bytes(compiled.as_text())
 
 
 def measurer(args: tuple, kwargs: dict, nums: Any, has_aux: bool, collectives: dict[int, int] | None) -> Measure:
@@ -36,10 +42,10 @@ def measurer(args: tuple, kwargs: dict, nums: Any, has_aux: bool, collectives: d
         if collectives is None:
             return peak_bytes(f, *args, argnums=nums, has_aux=has_aux, **kwargs)
         step, step_args, step_kwargs = gradient_step(f, args, kwargs, nums, has_aux)
-        compiled = jax.jit(step).lower(*abstract(step_args), **abstract(step_kwargs)).compile()
-        collectives[id(f)] = collective_bytes(compiled.as_text())
+        lowered = jax.jit(step).lower(*abstract(step_args), **abstract(step_kwargs))
+        peak, collectives[id(f)] = compiled_figures(lowered, "peak and collectives", _peak_and_collectives)
         measured.append(f)
-        return memory_of(compiled)
+        return peak
 
     return measure
 

@@ -38,6 +38,7 @@ import jax
 import numpy as np
 from jax.experimental.compilation_cache import compilation_cache
 
+from ._compiles import compiled_figures
 from ._measure import memory_of
 
 _EQN = re.compile(r"remat_opt_eqn(\d+)")
@@ -289,9 +290,12 @@ def read_compiled(step: Callable[..., Any], *args: Any, **kwargs: Any) -> Compil
         XLA's peak, the buffers it holds from the forward into the backward,
         and the outputs it sums from partials held until the end.
     """
-    compiled, hlo = compile_dumped(step, "after_optimizations.txt", *args, **kwargs)
-    text = hlo or compiled.as_text()
-    return CompiledProgram(memory_of(compiled), held_buffers(text), jax.default_backend(), deferred_sums(text))
+    def read(lowered: Any) -> CompiledProgram:
+        compiled, hlo = _dumped(lowered, "after_optimizations.txt")
+        text = hlo or compiled.as_text()
+        return CompiledProgram(memory_of(compiled), held_buffers(text), jax.default_backend(), deferred_sums(text))
+
+    return compiled_figures(jax.jit(step).lower(*args, **kwargs), "compiled program", read)
 
 
 @contextmanager
@@ -315,7 +319,12 @@ def _compiled_afresh() -> Iterator[None]:
 def compile_dumped(step: Callable[..., Any], suffix: str, *args: Any, **kwargs: Any) -> tuple[Any, str | None]:
     """``jax.jit(step)`` compiled here, with XLA's dump on, and the text of the
     dumped file whose name ends with ``suffix`` (``None`` if XLA wrote none)."""
+    return _dumped(jax.jit(step).lower(*args, **kwargs), suffix)
+
+
+def _dumped(lowered: Any, suffix: str) -> tuple[Any, str | None]:
+    """``lowered`` compiled with XLA's dump on, and the dumped file ending with ``suffix``."""
     with tempfile.TemporaryDirectory(prefix="remat_opt_xla_") as folder, _compiled_afresh():
-        compiled = jax.jit(step).lower(*args, **kwargs).compile(compiler_options={"xla_dump_to": folder})
+        compiled = lowered.compile(compiler_options={"xla_dump_to": folder})
         dumps = sorted(Path(folder).glob(f"*{suffix}"))
         return compiled, dumps[-1].read_text() if dumps else None

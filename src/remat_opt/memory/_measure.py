@@ -26,6 +26,7 @@ from jax._src.interpreters import partial_eval as pe
 from ..program._cost import CostModel, jaxpr_flops
 from ..program._static import combine, differentiated, is_traced, split
 from ..program._trace import normalize_argnums
+from ._compiles import compiled_figures
 
 
 def abstract(tree: Any) -> Any:
@@ -112,8 +113,8 @@ def peak_bytes(
         True
     """
     step, args, kwargs = gradient_step(fn, args, kwargs, argnums, has_aux)
-    compiled = jax.jit(step).lower(*abstract(args), **abstract(kwargs)).compile()
-    return memory_of(compiled)
+    lowered = jax.jit(step).lower(*abstract(args), **abstract(kwargs))
+    return compiled_figures(lowered, "peak", lambda low: memory_of(low.compile()))  # once per distinct program
 
 
 def memory_of(compiled: Any) -> int:

@@ -1,0 +1,64 @@
+"""One compile per distinct program: XLA's figures for a lowered program, kept for the process.
+
+Planning compiles the same gradient step more than once: the program as
+written is measured by every ``optimize`` call on it (one per budget, in a
+sweep or a batch-size search), the whole-function policies and Chen's
+segmentations are the same at every budget, and a schedule can be found by
+two stages of one call. Compiling is most of a plan's time, and XLA's buffer
+assignment is a function of the program and the compiler: the same lowered
+module on the same backend, with the same flags, gets the same figures. They
+are kept here, keyed by a digest of the lowered module's text (without debug
+locations, which do not change a buffer) and of what else the compiler reads:
+the backend and its devices, ``XLA_FLAGS``, and the jax version.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import jax
+
+T = TypeVar("T")
+
+KEPT = 1024
+"""Figures kept, the least recently used dropped first (each is a few numbers)."""
+
+_figures: OrderedDict[tuple[str, str], Any] = OrderedDict()
+
+
+def _digest(lowered: Any) -> str:
+    """The lowered module and everything else the compiler reads, as one digest."""
+    devices = ",".join(f"{d.platform}:{d.device_kind}" for d in jax.devices())
+    text = "\n".join((lowered.as_text(), devices, os.environ.get("XLA_FLAGS", ""), jax.__version__))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def compiled_figures(lowered: Any, kind: str, figures: Callable[[Any], T]) -> T:
+    """``figures(lowered)``, which compiles it, run only the first time this
+    process asks for ``kind`` of this program; afterwards, the figures kept.
+
+    Args:
+        lowered: a ``jax.stages.Lowered``.
+        kind: names what ``figures`` reads, so that two readers of the same
+            program keep apart.
+        figures: compiles ``lowered`` and reads what is kept (numbers, not
+            the executable).
+    """
+    key = (kind, _digest(lowered))
+    if key in _figures:
+        _figures.move_to_end(key)
+        return _figures[key]
+    value = figures(lowered)
+    _figures[key] = value
+    if len(_figures) > KEPT:
+        _figures.popitem(last=False)
+    return value
+
+
+def forget() -> None:
+    """Drops every figure kept (a test that counts compiles starts from none)."""
+    _figures.clear()

@@ -1,0 +1,58 @@
+"""One compile per distinct program: XLA's figures are kept for the process (memory._compiles)."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from remat_opt import peak_bytes
+from remat_opt.memory import _compiles
+
+
+@pytest.fixture
+def compiles(monkeypatch):
+    """Counts XLA compiles from a clean slate of kept figures."""
+    count = []
+    compile_ = jax.stages.Lowered.compile
+
+    def counted(self, *args, **kwargs):
+        count.append(1)
+        return compile_(self, *args, **kwargs)
+
+    _compiles.forget()
+    monkeypatch.setattr(jax.stages.Lowered, "compile", counted)
+    yield count
+    _compiles.forget()
+
+
+def loss(w, x):
+    return jnp.sum(jnp.tanh(x @ w) ** 2)
+
+
+def test_the_same_program_is_compiled_once(compiles):
+    w, x = jnp.ones((32, 32)), jnp.ones((8, 32))
+    first = peak_bytes(loss, w, x)
+    assert len(compiles) == 1
+    assert peak_bytes(loss, w, x) == first and len(compiles) == 1
+    assert peak_bytes(loss, jnp.zeros((32, 32)), x) == first and len(compiles) == 1  # other values, same program
+
+
+def test_another_program_or_compiler_compiles_again(compiles, monkeypatch):
+    w, x = jnp.ones((32, 32)), jnp.ones((8, 32))
+    small = peak_bytes(loss, w, x)
+    assert peak_bytes(loss, w, jnp.ones((64, 32))) > small and len(compiles) == 2  # another shape
+    assert peak_bytes(lambda w, x: jnp.sum(jnp.sin(x @ w)), w, x) > 0 and len(compiles) == 3  # another program
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_fast_math=false")  # the key names the flags; not read here
+    peak_bytes(loss, w, x)
+    assert len(compiles) == 4
+
+
+def test_kept_figures_are_bounded(compiles, monkeypatch):
+    monkeypatch.setattr(_compiles, "KEPT", 2)
+    w = jnp.ones((16, 16))
+    for n in (1, 2, 3):
+        peak_bytes(loss, w, jnp.ones((n, 16)))
+    assert len(compiles) == 3
+    peak_bytes(loss, w, jnp.ones((1, 16)))  # dropped, the least recently used
+    assert len(compiles) == 4
+    peak_bytes(loss, w, jnp.ones((3, 16)))  # kept
+    assert len(compiles) == 4
