@@ -30,7 +30,9 @@ os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_p
 
 import json
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -44,6 +46,7 @@ except ImportError:
     from jax.experimental.shard_map import shard_map
 
 import remat_opt
+from remat_opt._cache import list_entries
 from remat_opt.baselines._reference import policy_plan, reference
 from remat_opt.rewrite._policies import layer_policy_program
 from remat_opt.zoo import mlp
@@ -154,10 +157,30 @@ def run_case(case: str) -> dict:
             "remeasured": remat_opt.peak_bytes(step, *args), "grad_error": relative_error(got, want),
             # (dp_explicit's policies are dp's: not measured twice)
             "baselines": baselines(loss, args, budget) if case != "dp_explicit" else {}, "gathers": gathers(plan), "report": str(plan),
+            "cached": cached(loss, args, budget, plan) if case == "fsdp" else None,
         })
     return {"case": case, "plain": plain, "global_plain": remat_opt.peak_bytes(loss, params, batch),
             "results": results, "refusal": refusal(loss, args, plain) if case == "dp" else None,
             "seconds": time.perf_counter() - started}
+
+
+def cached(loss, args, budget: int, made: remat_opt.Plan) -> dict:
+    """The plan kept in a plan cache and loaded by another ``optimize``: compiles while loading, and what it restores."""
+    with tempfile.TemporaryDirectory() as folder:
+        remat_opt.optimize(loss, budget, cache=folder, solver_options=SOLVER).plan(*args)
+        (entry,) = list_entries(Path(folder))
+        compiles = []
+        compile_ = jax.stages.Lowered.compile
+        jax.stages.Lowered.compile = lambda self, *a, **k: compiles.append(1) or compile_(self, *a, **k)
+        try:
+            step = remat_opt.optimize(loss, budget, cache=folder, solver_options=SOLVER)
+            loaded = step.plan(*args)
+        finally:
+            jax.stages.Lowered.compile = compile_
+        same = (loaded.schedule == made.schedule and loaded.measured_peak_bytes == made.measured_peak_bytes
+                and loaded.collectives == made.collectives and loaded.collective_bytes == made.collective_bytes)
+        return {"kind": entry["kind"], "valid": entry["valid"], "compiles": len(compiles), "same": same,
+                "remeasured": remat_opt.peak_bytes(step, *args), "measured": loaded.measured_peak_bytes}
 
 
 def refusal(loss, args, plain: int) -> dict:

@@ -89,3 +89,12 @@ def test_shard_map_layers_report_their_all_reduce(runs):
     assert all(g["primitive"] == "shard_map" and "all-reduce" in g["kinds"] for g in r["gathers"])
     again = sum(g["bytes"] for g in r["gathers"] if g["decision"] == "repeated")
     assert r["collective_bytes"] >= r["plain_collective_bytes"] + again
+
+
+def test_a_sharded_plan_is_kept_and_loaded_without_compiling(runs):
+    r = runs["fsdp"]["results"][0]
+    cached = r["cached"]
+    assert cached["valid"] == "ok" and cached["kind"] in ("schedule", "loop", "policy", "plain")
+    assert cached["compiles"] == 0  # loaded: no solve, no candidate compiled, no partitioned compile
+    assert cached["same"]  # the schedule, XLA's per-device peak and the collectives' report, as made
+    assert cached["remeasured"] == cached["measured"] == r["measured"]  # the program rebuilt is the one measured

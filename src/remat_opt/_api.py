@@ -72,7 +72,7 @@ def optimize(
             (:mod:`remat_opt._cache`): ``True`` for ``$REMAT_OPT_CACHE_DIR``, else
             ``~/.cache/remat_opt``; a folder; or ``False`` to plan every process
             anew. A loaded plan makes no solver call and compiles no candidate.
-            Plans of sharded programs are not kept on disk (yet).
+            On a mesh, the key holds each argument's sharding.
         interconnect: on a mesh, what a collective byte costs in FLOPs
             (:class:`Interconnect`; default 100 GB/s links, 100 TFLOP/s
             devices): recomputing an equation XLA lowered to a collective (an

@@ -1,9 +1,10 @@
 """The persistent plan cache: a plan made once is loaded by every later process.
 
 Someone training a model plans the same program on every restart, sweep job and
-host. A plan depends only on the program, its argument shapes, the budget,
-``optimize``'s options, the device and the versions of jax and remat_opt, so it
-is kept on disk under a key made of them, as JSON: the plan's figures and its
+host. A plan depends only on the program, its argument shapes (and, on a mesh,
+their shardings and the interconnect), the budget, ``optimize``'s options, the
+device and the versions of jax and remat_opt, so it is kept on disk under a key
+made of them, as JSON: the plan's figures and its
 decisions (:meth:`remat_opt.Schedule.to_json`, or the loop plan), never pickled
 code. A process that finds the entry rebuilds the graph (trace and build, no
 compile) and the rewritten program from the decisions, and makes no solver
@@ -42,6 +43,9 @@ import jax
 
 from ._plan import Plan
 from ._schedule import Schedule
+from .memory._measure import mesh_sharding
+from .memory._sharded import Collective, is_sharded
+from .program._static import split
 from .program._trace import TracedProgram
 from .rewrite._loops import LoopPlan
 
@@ -115,7 +119,18 @@ def options_of(optimized: Any, argnums: tuple[int, ...]) -> dict[str, Any]:
     }
 
 
-def plan_key(program: TracedProgram, budget_bytes: int, options: Mapping[str, Any]) -> str:
+def layout_of(args: tuple, kwargs: dict, interconnect: Any) -> dict[str, Any] | None:
+    """What a plan on a mesh is also for: each argument leaf's sharding (its
+    mesh's axes and sizes, its partition spec) and the interconnect that priced
+    the collectives; ``None`` for arguments on one device."""
+    if not is_sharded(args, kwargs):
+        return None
+    leaves, _ = split((args, kwargs))
+    return {"shardings": [str(mesh_sharding(x)) for x in leaves], "interconnect": repr(interconnect)}
+
+
+def plan_key(program: TracedProgram, budget_bytes: int, options: Mapping[str, Any],
+             layout: Mapping[str, Any] | None = None) -> str:
     """The sha256 of what a plan is for.
 
     Args:
@@ -124,6 +139,7 @@ def plan_key(program: TracedProgram, budget_bytes: int, options: Mapping[str, An
             deterministic, with static leaves and literals in it.
         budget_bytes: the budget.
         options: :func:`options_of`.
+        layout: :func:`layout_of`, for arguments on a mesh.
     """
     jaxpr = program.jaxpr
     material = {
@@ -138,6 +154,8 @@ def plan_key(program: TracedProgram, budget_bytes: int, options: Mapping[str, An
         "device_kind": jax.devices()[0].device_kind,
         "xla_flags": os.environ.get("XLA_FLAGS", ""),  # scheduler flags move peaks
     }
+    if layout is not None:  # (absent on one device: the keys of entries made before stay as they were)
+        material["layout"] = layout
     return hashlib.sha256(json.dumps(material, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -156,6 +174,7 @@ def plan_kind(plan: Plan) -> str | None:
 def plan_entry(plan: Plan, kind: str, function: str) -> dict[str, Any]:
     """The JSON-ready entry for ``plan`` (of kind ``kind``, see :func:`plan_kind`)."""
     figures = {name: getattr(plan, name) for name in _PLAN_FIELDS}
+    figures["collectives"] = [dataclasses.asdict(c) for c in plan.collectives]
     loop = None if plan.loop_plan is None else {"policy": plan.loop_plan.policy, "chunks": plan.loop_plan.chunks,
                                                 "saved": plan.loop_plan.saved}
     return {"versions": versions(), "kind": kind, "function": function,
@@ -187,6 +206,10 @@ def plan_from_entry(entry: Mapping[str, Any], graph: Any) -> Plan:
     if set(stored) != set(_PLAN_FIELDS):
         raise CacheEntryError(f"its plan has fields {sorted(stored)}, this remat_opt's Plan {sorted(_PLAN_FIELDS)}")
     figures = {k: tuple(v) if isinstance(v, list) else v for k, v in stored.items()}
+    try:
+        figures["collectives"] = tuple(Collective(**{**c, "kinds": tuple(c["kinds"])}) for c in figures["collectives"])
+    except (TypeError, KeyError) as err:
+        raise CacheEntryError(f"holds collectives that do not read back ({err})") from err
     return Plan(graph=graph, schedule=entry_schedule(entry), loop_plan=entry_loop_plan(entry), **figures)
 
 

@@ -26,9 +26,9 @@ from typing import Any
 import jax
 
 from ._budget import format_bytes
-from ._cache import (CacheEntryError, cache_directory, entry_loop_plan, entry_path, entry_schedule, options_of,
-                     plan_entry, plan_from_entry, plan_key, plan_kind, qualified_name, read_entry, report,
-                     write_entry)
+from ._cache import (CacheEntryError, cache_directory, entry_loop_plan, entry_path, entry_schedule, layout_of,
+                     options_of, plan_entry, plan_from_entry, plan_key, plan_kind, qualified_name, read_entry,
+                     report, write_entry)
 from ._forward import forward_mode
 from ._inputs import check_call
 from .solve._chen import chen_schedules
@@ -497,13 +497,18 @@ class OptimizedFunction:
         """The plan of a trusted entry of the persistent cache, else
         :meth:`_make_plan`'s, then kept there. Loading traces the function and
         builds its graph, and rewrites it from the stored decisions: no solver
-        call, no compile. The plan keeps the figures measured when it was made."""
+        call, no compile. The plan keeps the figures measured when it was made.
+        On a mesh the key holds each argument's sharding, and the restored
+        plan's graph gives each value's bytes for the whole array (one device's
+        come from XLA's partitioned compile, which loading skips); its figures
+        are one device's, as measured."""
         directory = cache_directory(self.cache)
-        if directory is None or is_sharded(args, kwargs):  # entries do not key on shardings yet
+        if directory is None:
             return self._make_plan(args, kwargs)
         argnums = normalize_argnums(self.argnums, len(args))
         whole = trace(self.fn, args, kwargs, argnums)
-        key = plan_key(whole, self.budget_bytes, options_of(self, argnums))
+        key = plan_key(whole, self.budget_bytes, options_of(self, argnums),
+                       layout_of(args, kwargs, self.interconnect))
         entry = read_entry(directory, key)
         if entry is not None:
             try:
@@ -544,8 +549,14 @@ class OptimizedFunction:
         sim = simulate(graph, schedule)
         plan = plan_from_entry(entry, annotate(graph, sim))
         once = len(once_values(graph, schedule)) if self.compute_saved_once else 0
-        if kind == "schedule" and (sim.recompute_flops, once) != (plan.recompute_flops, plan.computed_once):
-            raise CacheEntryError(f"counts {plan.recompute_flops:,} FLOPs recomputed and {plan.computed_once} "
-                                  f"values computed once; the program rebuilt from it {sim.recompute_flops:,} "
-                                  f"and {once}")
+        if kind != "schedule":
+            return plan, program
+        stored, rebuilt = plan.recompute_flops, sim.recompute_flops
+        if is_sharded(args, kwargs):  # its model priced collectives off XLA's partitioned compile: check the jaxpr
+            nums = argnums if len(argnums) > 1 else argnums[0]
+            stored = plan.measured_recompute_flops
+            rebuilt = gradient_flops(program, args, kwargs, nums, self.cost_model, self.has_aux) - plan.baseline_flops
+        if (rebuilt, once) != (stored, plan.computed_once):
+            raise CacheEntryError(f"counts {stored:,} FLOPs recomputed and {plan.computed_once} values computed "
+                                  f"once; the program rebuilt from it {rebuilt:,} and {once}")
         return plan, program
