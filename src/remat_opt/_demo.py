@@ -31,7 +31,7 @@ def run(model: str = "gpt", fractions: tuple[float, ...] = (0.9, 0.75, 0.6, 0.5,
     print(f"plain gradient step peak (XLA): {format_bytes(plain)}; jax {jax.__version__}, {jax.devices()[0].platform}")
     header = (f"{'budget':>11} {'predicted':>11} {'measured':>11} {'plain':>11} {'recompute':>9} {'solve s':>8} "
               f"{'total s':>8}  status")
-    print(header)
+    print(header, flush=True)
     rows = []
     for frac in fractions:
         budget = int(plain * frac)
@@ -39,7 +39,7 @@ def run(model: str = "gpt", fractions: tuple[float, ...] = (0.9, 0.75, 0.6, 0.5,
         try:
             plan = optimize(spec.loss, budget).plan(params, batch)
         except RematOptError as err:
-            print(f"{format_bytes(budget):>11}  {type(err).__name__}: {err}")
+            print(f"{format_bytes(budget):>11}  {type(err).__name__}: {err}", flush=True)
             continue
         row = dict(budget=budget, predicted=plan.predicted_peak_bytes, measured=plan.measured_peak_bytes,
                    plain=plain, overhead=plan.recompute_overhead, solve_s=plan.solve_seconds,
@@ -48,5 +48,5 @@ def run(model: str = "gpt", fractions: tuple[float, ...] = (0.9, 0.75, 0.6, 0.5,
         rows.append(row)
         print(f"{format_bytes(budget):>11} {'-' if row['predicted'] is None else format_bytes(row['predicted']):>11} {format_bytes(row['measured']):>11} "
               f"{format_bytes(plain):>11} {row['overhead']:>8.1%} {row['solve_s']:>8.1f} {row['total_s']:>8.1f}  "
-              f"{row['status']}")
+              f"{row['status']}", flush=True)
     return rows

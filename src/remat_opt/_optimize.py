@@ -38,7 +38,7 @@ from .memory._facts import (check_known, model_graph, read_plain, unknown_of,
                             with_memory_facts)
 from .program._graph import ProgramGraph, build_graph
 from ._loop_planning import LoopSearch, body_plans, loop_plans
-from ._policy_planning import PolicyCandidate, counted_policies, measured_policies
+from ._policy_planning import PolicyCandidate, counted_policies, measured_policies, nearest_schedule
 from .rewrite._loops import loop_program
 from .rewrite._policies import policy_program
 from ._mesh import measurer, per_device_error, sharded_twin, with_collectives
@@ -247,7 +247,8 @@ class OptimizedFunction:
         choices = [p for p in (planned, other, best_loop) if p is not None]
         best = min(choices, key=lambda p: p[0].measured_recompute_flops, default=None)
         ceiling = None if best is None else best[0].measured_recompute_flops
-        tried = [*free, *measured_policies(policies, budget, measure, below_flops=ceiling, above_flops=0)]
+        tried = [*free, *measured_policies(policies, budget, measure, below_flops=ceiling, above_flops=0,
+                                           admit=lambda policy: self._within_reach(whole_graph, policy, budget))]
         seconds = clock.seconds + sum(c.seconds for c in bodies)  # every solve of this call, whichever wins
         if tried and tried[-1].measured <= budget:
             return self._policy_plan(whole_graph, tried[-1], plain_peak, baseline_flops, seconds)
@@ -294,8 +295,8 @@ class OptimizedFunction:
         saved as a fenced per-layer ``dots_saveable`` would (:mod:`remat_opt.solve._policy_saves`),
         which it does but may misjudge (the model is conservative on heavily segmented plans, so
         CP-SAT can pass over one that XLA fits). The model ranks, XLA decides.
-        First those the model puts within :attr:`MODEL_SLACK` of the budget, the
-        cheapest first; then, when nothing else fits (no ceiling), those the
+        First those the model puts within :attr:`MODEL_SLACK` of the budget and
+        under the program as written, the cheapest first; then, when nothing else fits (no ceiling), those the
         model puts lowest. At most :attr:`MEASURED_CANDIDATES` of each are measured.
         """
         started = time.perf_counter()
@@ -304,7 +305,10 @@ class OptimizedFunction:
         sims = [(s, simulate(graph, s)) for s in schedules]
         seconds = time.perf_counter() - started
         key = lambda t: (t[1].recompute_flops, sorted(t[0].all_cuts()))  # noqa: E731
+        # Under the program as written (calibrated on XLA's figure): the model predicts a saving.
+        saving = simulate(graph, Schedule(plain=True)).peak_bytes
         cheapest = sorted((t for t in sims if t[1].peak_bytes <= budget * (1 + self.MODEL_SLACK)
+                           and t[1].peak_bytes < saving
                            and (ceiling_flops is None or t[1].recompute_flops < ceiling_flops)), key=key)
         tiers = [cheapest[: self.MEASURED_CANDIDATES]]
         if ceiling_flops is None:
@@ -433,6 +437,11 @@ class OptimizedFunction:
         gap = max(0.0, (sim.recompute_flops - bound) / sim.recompute_flops) if sim.recompute_flops else 0.0
         return self._finish(graph, sim, schedule, measured, plain_peak, program, args, kwargs, nums,
                             baseline_flops, "FEASIBLE", gap, solve_seconds, solves + 1)
+
+    def _within_reach(self, graph: ProgramGraph, policy: str, budget: int) -> bool:
+        """Whether the model puts ``policy`` around the whole function within :attr:`MODEL_SLACK` of ``budget``."""
+        schedule = nearest_schedule(graph, policy)
+        return schedule is None or simulate(graph, schedule).peak_bytes <= budget * (1 + self.MODEL_SLACK)
 
     def _policy_plan(self, graph: ProgramGraph, candidate: PolicyCandidate, plain_peak: int, baseline_flops: int,
                      solve_seconds: float) -> tuple[Plan, Callable[..., Any]]:

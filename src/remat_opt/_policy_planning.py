@@ -9,7 +9,11 @@ that was 8% under the plain peak (docs/measurements.md, "Whole-function
 policies"). The memory model does not describe these programs (its trace sees
 through the checkpoint), so they are measured, never predicted: in order of
 recomputed FLOPs, only those cheaper than the plan already in hand, up to the
-first that XLA fits.
+first that XLA fits. The model still ranks them: a policy is measured only when
+the model puts its nearest schedule (:func:`nearest_schedule`) within reach of
+the budget, as the planner's other outside candidates are; around the whole
+function the backward recomputes every value it does not save before it
+transposes any, so these usually peak near the program as written.
 """
 
 from __future__ import annotations
@@ -22,7 +26,10 @@ from typing import Any
 
 from ._budget import format_bytes
 from .memory._measure import gradient_flops
+from ._schedule import Schedule
 from .program._cost import CostModel
+from .program._graph import ProgramGraph
+from .solve._policy_saves import dot_names
 from .rewrite._policies import POLICIES, policy_program
 
 logger = logging.getLogger("remat_opt")
@@ -56,17 +63,34 @@ def counted_policies(fn: Callable[..., Any], args: tuple, kwargs: dict, nums: An
     return sorted(counted, key=lambda c: (c.flops, c.policy))
 
 
+def nearest_schedule(graph: ProgramGraph, policy: str) -> Schedule | None:
+    """The schedule closest to ``jax.checkpoint(fn, policy=...)`` that the model
+    describes: one fenced segment over all but the last equation, saving the
+    values the policy saves (none; the dots' outputs, with or without batch
+    dimensions). ``None`` for ``everything_saveable``, whose effect is XLA's
+    choice of residuals, which the model does not know."""
+    saved = {"nothing_saveable": frozenset(), "dots_saveable": dot_names(graph),
+             "dots_with_no_batch_dims_saveable": dot_names(graph, batch_dims=False)}
+    if policy not in saved or graph.num_positions < 2:
+        return None
+    return Schedule(cuts=frozenset({graph.num_positions - 1}), saved=saved[policy])
+
+
 def measured_policies(counted: list[PolicyCandidate], budget: int, measure: Callable[[Callable[..., Any]], int],
-                      below_flops: int | None = None, above_flops: int = -1) -> list[PolicyCandidate]:
+                      below_flops: int | None = None, above_flops: int = -1,
+                      admit: Callable[[str], bool] = lambda policy: True) -> list[PolicyCandidate]:
     """``counted`` measured on XLA, cheapest first, up to the first that fits ``budget``.
 
     Only those recomputing fewer FLOPs than ``below_flops`` (the plan in hand;
-    ``None``: any) and more than ``above_flops`` (those measured before) are
-    measured. Returns every one measured, the one that fits (if any) last.
+    ``None``: any) and more than ``above_flops`` (those measured before), and
+    whose policy ``admit`` lets through, are measured. Returns every one
+    measured, the one that fits (if any) last.
     """
     measured = []
     for candidate in counted:
         if candidate.flops <= above_flops or (below_flops is not None and candidate.flops >= below_flops):
+            continue
+        if not admit(candidate.policy):
             continue
         peak = measure(candidate.program)
         logger.info("jax.checkpoint(fn, policy=%s): measured %s, %s FLOPs recomputed", candidate.policy,
