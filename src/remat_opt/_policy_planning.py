@@ -25,12 +25,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._budget import format_bytes
-from .memory._measure import gradient_flops
 from ._schedule import Schedule
+from .memory._measure import gradient_flops
 from .program._cost import CostModel
 from .program._graph import ProgramGraph
-from .solve._policy_saves import dot_names
 from .rewrite._policies import POLICIES, policy_program
+from .solve._policy_saves import dot_names
 
 logger = logging.getLogger("remat_opt")
 
