@@ -26,34 +26,29 @@ from typing import Any
 import jax
 
 from ._budget import format_bytes
-from ._cache import (CacheEntryError, cache_directory, entry_loop_plan, entry_path, entry_schedule, layout_of,
-                     options_of, plan_entry, plan_from_entry, plan_key, plan_kind, qualified_name, read_entry,
-                     report, write_entry)
+from ._cache import (cache_directory, entry_path, layout_of, options_of, plan_entry, plan_key, plan_kind,
+                     qualified_name, read_entry, report, write_entry)
+from ._errors import InfeasibleBudgetError
 from ._forward import forward_mode
 from ._inputs import check_call
-from .solve._chen import chen_schedules
-from .program._cost import CostModel, Interconnect
-from ._errors import InfeasibleBudgetError
-from .memory._facts import (check_known, model_graph, read_plain, unknown_of,
-                            with_memory_facts)
-from .program._graph import ProgramGraph, build_graph
 from ._loop_planning import LoopSearch, body_plans, loop_plans
-from ._policy_planning import PolicyCandidate, counted_policies, measured_policies, nearest_schedule
-from .rewrite._loops import loop_program
-from .rewrite._policies import policy_program
 from ._mesh import measurer, per_device_error, sharded_twin, with_collectives
-from .memory._measure import abstract, gradient_flops, mesh_sharding
-from .memory._sharded import is_sharded, sharded_graph, with_shardings
-from .memory._simulate import calibrate, simulate
-from .solve._nesting import nested_candidates
-from .solve._policy_saves import policy_schedules
-from .memory._once import once_values
 from ._plan import Plan, annotate
-from .rewrite._apply import apply_schedule
+from ._policy_planning import PolicyCandidate, counted_policies, measured_policies, within_reach
+from ._restore import restored
 from ._schedule import Schedule, Simulation
-from .solve._solve import SolverOptions, low_memory_schedules, min_peak_schedule, solve
+from .memory._facts import check_known, model_graph, read_plain, unknown_of, with_memory_facts
+from .memory._measure import abstract, gradient_flops, mesh_sharding
+from .memory._once import once_values
+from .memory._sharded import sharded_graph, with_shardings
+from .memory._simulate import calibrate, simulate
+from .program._cost import CostModel, Interconnect
+from .program._graph import ProgramGraph, build_graph
 from .program._static import Static, split
-from .program._trace import with_signature, TracedProgram, normalize_argnums, trace
+from .program._trace import TracedProgram, normalize_argnums, trace
+from .rewrite._apply import apply_schedule
+from .solve._outside import outside_tiers
+from .solve._solve import SolverOptions, low_memory_schedules, min_peak_schedule, solve
 
 
 @dataclass
@@ -248,7 +243,7 @@ class OptimizedFunction:
         best = min(choices, key=lambda p: p[0].measured_recompute_flops, default=None)
         ceiling = None if best is None else best[0].measured_recompute_flops
         tried = [*free, *measured_policies(policies, budget, measure, below_flops=ceiling, above_flops=0,
-                                           admit=lambda policy: self._within_reach(whole_graph, policy, budget))]
+                                           admit=lambda p: within_reach(whole_graph, p, budget, self.MODEL_SLACK))]
         seconds = clock.seconds + sum(c.seconds for c in bodies)  # every solve of this call, whichever wins
         if tried and tried[-1].measured <= budget:
             return self._policy_plan(whole_graph, tried[-1], plain_peak, baseline_flops, seconds)
@@ -290,30 +285,14 @@ class OptimizedFunction:
         with fewer recomputed FLOPs than ``ceiling_flops``, if any; and the
         lowest-memory one XLA measured, for the error when nothing fits.
 
-        The schedules: nested trees (:mod:`remat_opt.solve._nesting`), which the CP-SAT
-        model does not encode, and Chen's segmentations, bare and with every dot
-        saved as a fenced per-layer ``dots_saveable`` would (:mod:`remat_opt.solve._policy_saves`),
-        which it does but may misjudge (the model is conservative on heavily segmented plans, so
-        CP-SAT can pass over one that XLA fits). The model ranks, XLA decides.
-        First those the model puts within :attr:`MODEL_SLACK` of the budget and
-        under the program as written, the cheapest first; then, when nothing else fits (no ceiling), those the
-        model puts lowest. At most :attr:`MEASURED_CANDIDATES` of each are measured.
+        The model ranks them in tiers (:func:`remat_opt.solve._outside.outside_tiers`:
+        within :attr:`MODEL_SLACK` of the budget, the cheapest first; then, when
+        nothing else fits, the lowest), at most :attr:`MEASURED_CANDIDATES` each;
+        XLA decides.
         """
         started = time.perf_counter()
-        chen = chen_schedules(graph)
-        schedules = {s: None for s in (*nested_candidates(graph), *chen, *policy_schedules(graph, chen))}
-        sims = [(s, simulate(graph, s)) for s in schedules]
+        tiers = outside_tiers(graph, budget, ceiling_flops, self.MODEL_SLACK, self.MEASURED_CANDIDATES)
         seconds = time.perf_counter() - started
-        key = lambda t: (t[1].recompute_flops, sorted(t[0].all_cuts()))  # noqa: E731
-        # Under the program as written (calibrated on XLA's figure): the model predicts a saving.
-        saving = simulate(graph, Schedule(plain=True)).peak_bytes
-        cheapest = sorted((t for t in sims if t[1].peak_bytes <= budget * (1 + self.MODEL_SLACK)
-                           and t[1].peak_bytes < saving
-                           and (ceiling_flops is None or t[1].recompute_flops < ceiling_flops)), key=key)
-        tiers = [cheapest[: self.MEASURED_CANDIDATES]]
-        if ceiling_flops is None:
-            lowest = sorted(sims, key=lambda t: (t[1].peak_bytes, *key(t)))
-            tiers.append([t for t in lowest if t not in tiers[0]][: self.MEASURED_CANDIDATES])
         measured_plans = []
         for tier in tiers:
             fitting = []
@@ -438,11 +417,6 @@ class OptimizedFunction:
         return self._finish(graph, sim, schedule, measured, plain_peak, program, args, kwargs, nums,
                             baseline_flops, "FEASIBLE", gap, solve_seconds, solves + 1)
 
-    def _within_reach(self, graph: ProgramGraph, policy: str, budget: int) -> bool:
-        """Whether the model puts ``policy`` around the whole function within :attr:`MODEL_SLACK` of ``budget``."""
-        schedule = nearest_schedule(graph, policy)
-        return schedule is None or simulate(graph, schedule).peak_bytes <= budget * (1 + self.MODEL_SLACK)
-
     def _policy_plan(self, graph: ProgramGraph, candidate: PolicyCandidate, plain_peak: int, baseline_flops: int,
                      solve_seconds: float) -> tuple[Plan, Callable[..., Any]]:
         """The plan of a measured whole-function policy; the model does not describe its program."""
@@ -521,7 +495,7 @@ class OptimizedFunction:
         entry = read_entry(directory, key)
         if entry is not None:
             try:
-                return self._restored(entry, whole, args, kwargs, argnums)
+                return restored(self, entry, whole, args, kwargs, argnums)
             except (LookupError, TypeError, ValueError) as err:  # an entry that does not rebuild is not trusted
                 report(entry_path(directory, key), f"does not rebuild ({type(err).__name__}: {err}); planning again.")
         plan, program = self._make_plan(args, kwargs)
@@ -532,40 +506,4 @@ class OptimizedFunction:
         unknown = unknown_of(p for _, p in plan.graph.nodes(data="primitive") if p != "input")
         if kind is not None and not (kind != "loop" and self.xla_facts and unknown):
             write_entry(directory, key, plan_entry(plan, kind, qualified_name(self.fn)))
-        return plan, program
-
-    def _restored(self, entry: dict, whole: TracedProgram, args: tuple, kwargs: dict,
-                  argnums: tuple[int, ...]) -> tuple[Plan, Callable[..., Any]]:
-        """The plan and program of a cache entry, rebuilt as :meth:`_make_plan`
-        built them, checked against the entry's own figures."""
-        kind, schedule = entry["kind"], entry_schedule(entry)
-        if kind == "loop":
-            program = with_signature(self.fn, whole, loop_program(whole, entry_loop_plan(entry)))
-            graph = model_graph(trace(program, args, kwargs, argnums), self.cost_model)
-        elif kind == "plain":
-            program, graph = self.fn, model_graph(whole, self.cost_model)
-        elif kind == "policy":
-            program = policy_program(self.fn, entry["plan"]["whole_policy"])
-            graph = model_graph(whole, self.cost_model)
-        else:
-            scans = self.unroll_scans and any(e.primitive.name == "scan" for e in whole.jaxpr.jaxpr.eqns)
-            graph = model_graph(trace(self.fn, args, kwargs, argnums, self.unroll_scans) if scans else whole,
-                                self.cost_model)
-            if (any(not 0 <= c <= graph.num_positions for c in schedule.all_cuts())
-                    or any(not 0 <= v < graph.num_nodes for v in schedule.saved)):
-                raise CacheEntryError("holds a schedule outside the program traced now")
-            program = self._program(graph, schedule)
-        sim = simulate(graph, schedule)
-        plan = plan_from_entry(entry, annotate(graph, sim))
-        once = len(once_values(graph, schedule)) if self.compute_saved_once else 0
-        if kind != "schedule":
-            return plan, program
-        stored, rebuilt = plan.recompute_flops, sim.recompute_flops
-        if is_sharded(args, kwargs):  # its model priced collectives off XLA's partitioned compile: check the jaxpr
-            nums = argnums if len(argnums) > 1 else argnums[0]
-            stored = plan.measured_recompute_flops
-            rebuilt = gradient_flops(program, args, kwargs, nums, self.cost_model, self.has_aux) - plan.baseline_flops
-        if (rebuilt, once) != (stored, plan.computed_once):
-            raise CacheEntryError(f"counts {stored:,} FLOPs recomputed and {plan.computed_once} values computed "
-                                  f"once; the program rebuilt from it {rebuilt:,} and {once}")
         return plan, program

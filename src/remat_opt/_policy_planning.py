@@ -27,6 +27,7 @@ from typing import Any
 from ._budget import format_bytes
 from ._schedule import Schedule
 from .memory._measure import gradient_flops
+from .memory._simulate import simulate
 from .program._cost import CostModel
 from .program._graph import ProgramGraph
 from .rewrite._policies import POLICIES, policy_program
@@ -74,6 +75,14 @@ def nearest_schedule(graph: ProgramGraph, policy: str) -> Schedule | None:
     if policy not in saved or graph.num_positions < 2:
         return None
     return Schedule(cuts=frozenset({graph.num_positions - 1}), saved=saved[policy])
+
+
+def within_reach(graph: ProgramGraph, policy: str, budget: int, slack: float) -> bool:
+    """Whether the model puts ``policy`` around the whole function (its
+    :func:`nearest_schedule`) within ``slack`` (a share) of ``budget``; a policy
+    the model does not describe always is."""
+    schedule = nearest_schedule(graph, policy)
+    return schedule is None or simulate(graph, schedule).peak_bytes <= budget * (1 + slack)
 
 
 def measured_policies(counted: list[PolicyCandidate], budget: int, measure: Callable[[Callable[..., Any]], int],

@@ -1,0 +1,67 @@
+"""A plan of the persistent cache rebuilt from its decisions, and checked against its own figures.
+
+:mod:`remat_opt._cache` stores what a plan decided (a schedule, a loop plan, a
+whole-function policy) beside the figures measured when it was made; this
+module rebuilds, for the function at hand, the program and the graph
+:class:`remat_opt.OptimizedFunction` made them for (a trace and a graph, no
+solve, no compile). A schedule's rebuilt program must recompute the FLOPs the
+entry says, and compute as many stored values once, or the entry is not trusted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ._cache import CacheEntryError, entry_loop_plan, entry_schedule, plan_from_entry
+from ._plan import Plan, annotate
+from .memory._facts import model_graph
+from .memory._measure import gradient_flops
+from .memory._once import once_values
+from .memory._sharded import is_sharded
+from .memory._simulate import simulate
+from .program._trace import TracedProgram, trace, with_signature
+from .rewrite._apply import apply_schedule
+from .rewrite._loops import loop_program
+from .rewrite._policies import policy_program
+
+
+def restored(optimized: Any, entry: dict, whole: TracedProgram, args: tuple, kwargs: dict,
+             argnums: tuple[int, ...]) -> tuple[Plan, Callable[..., Any]]:
+    """The plan and program of a cache entry for ``optimized`` (an
+    :class:`remat_opt.OptimizedFunction`), rebuilt as its planner built them.
+
+    Raises:
+        CacheEntryError: the entry holds a schedule outside the program traced
+            now, or its rebuilt program counts other figures than it stores.
+    """
+    fn, cost_model = optimized.fn, optimized.cost_model
+    kind, schedule = entry["kind"], entry_schedule(entry)
+    if kind == "loop":
+        program = with_signature(fn, whole, loop_program(whole, entry_loop_plan(entry)))
+        graph = model_graph(trace(program, args, kwargs, argnums), cost_model)
+    elif kind == "plain":
+        program, graph = fn, model_graph(whole, cost_model)
+    elif kind == "policy":
+        program, graph = policy_program(fn, entry["plan"]["whole_policy"]), model_graph(whole, cost_model)
+    else:
+        scans = optimized.unroll_scans and any(e.primitive.name == "scan" for e in whole.jaxpr.jaxpr.eqns)
+        graph = model_graph(trace(fn, args, kwargs, argnums, optimized.unroll_scans) if scans else whole, cost_model)
+        if (any(not 0 <= c <= graph.num_positions for c in schedule.all_cuts())
+                or any(not 0 <= v < graph.num_nodes for v in schedule.saved)):
+            raise CacheEntryError("holds a schedule outside the program traced now")
+        program = apply_schedule(fn, graph, schedule, compute_saved_once=optimized.compute_saved_once)
+    sim = simulate(graph, schedule)
+    plan = plan_from_entry(entry, annotate(graph, sim))
+    if kind != "schedule":
+        return plan, program
+    once = len(once_values(graph, schedule)) if optimized.compute_saved_once else 0
+    stored, rebuilt = plan.recompute_flops, sim.recompute_flops
+    if is_sharded(args, kwargs):  # its model priced collectives off XLA's partitioned compile: check the jaxpr
+        nums = argnums if len(argnums) > 1 else argnums[0]
+        stored = plan.measured_recompute_flops
+        rebuilt = gradient_flops(program, args, kwargs, nums, cost_model, optimized.has_aux) - plan.baseline_flops
+    if (rebuilt, once) != (stored, plan.computed_once):
+        raise CacheEntryError(f"counts {stored:,} FLOPs recomputed and {plan.computed_once} values computed "
+                              f"once; the program rebuilt from it {rebuilt:,} and {once}")
+    return plan, program

@@ -1,0 +1,48 @@
+"""Schedules outside CP-SAT's search, ranked by the model for the planner to measure.
+
+CP-SAT's model does not encode nested trees (:mod:`remat_opt.solve._nesting`),
+and it may misjudge Chen's segmentations, bare and with every dot saved as a
+fenced per-layer ``dots_saveable`` would (:mod:`remat_opt.solve._policy_saves`):
+the model is conservative on heavily segmented plans, so CP-SAT can pass over
+one that XLA fits. The planner measures some of them beside CP-SAT's plan;
+here the model picks which, in tiers, and XLA decides.
+"""
+
+from __future__ import annotations
+
+from .._schedule import Schedule, Simulation
+from ..memory._simulate import simulate
+from ..program._graph import ProgramGraph
+from ._chen import chen_schedules
+from ._nesting import nested_candidates
+from ._policy_saves import policy_schedules
+
+Tier = list[tuple[Schedule, Simulation]]
+
+
+def outside_tiers(graph: ProgramGraph, budget: int, ceiling_flops: int | None, slack: float,
+                  per_tier: int) -> list[Tier]:
+    """The schedules worth measuring, with the model's simulation of each, in tiers.
+
+    First those the model puts within ``slack`` of ``budget`` (a share of it)
+    and under the program as written (the model is calibrated on XLA's figure
+    for it, so a schedule at or above it is predicted to save nothing), with
+    fewer recomputed FLOPs than ``ceiling_flops``, the cheapest first. Then,
+    when nothing fits yet (no ceiling), those the model puts lowest. At most
+    ``per_tier`` each; ties broken by cuts, so the order is deterministic.
+    """
+    chen = chen_schedules(graph)
+    schedules = {s: None for s in (*nested_candidates(graph), *chen, *policy_schedules(graph, chen))}
+    sims = [(s, simulate(graph, s)) for s in schedules]
+
+    def key(t: tuple[Schedule, Simulation]) -> tuple:
+        return t[1].recompute_flops, sorted(t[0].all_cuts())
+
+    saving = simulate(graph, Schedule(plain=True)).peak_bytes
+    cheapest = sorted((t for t in sims if t[1].peak_bytes <= budget * (1 + slack) and t[1].peak_bytes < saving
+                       and (ceiling_flops is None or t[1].recompute_flops < ceiling_flops)), key=key)
+    tiers = [cheapest[:per_tier]]
+    if ceiling_flops is None:
+        lowest = sorted(sims, key=lambda t: (t[1].peak_bytes, *key(t)))
+        tiers.append([t for t in lowest if t not in tiers[0]][:per_tier])
+    return tiers
