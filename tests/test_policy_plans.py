@@ -1,9 +1,10 @@
 """Whole-function policies as plans: ``jax.checkpoint(fn, policy=...)`` measured beside remat_opt's own.
 
-On an unrolled gated recurrent cell with layer norm and gelu, XLA keeps less
-for ``jax.checkpoint(loss, policy=everything_saveable)`` than for the loss as
-written, and it recomputes nothing: at a budget between the two, that is the
-plan to return, and no schedule can match it.
+On some programs XLA keeps less for ``jax.checkpoint(loss,
+policy=everything_saveable)`` than for the loss as written, and it recomputes
+nothing: at a budget between the two, that is the plan to return, and no
+schedule can match it. Which programs is XLA's choice: on jax 0.10 an unrolled
+gated recurrent cell with layer norm and gelu, on jax 0.12 an MLP with dropout.
 """
 
 import jax
@@ -24,9 +25,9 @@ def _layer_norm(x, scale, bias):
     return (x - mean) / jnp.sqrt(var + 1e-5) * scale + bias
 
 
-@pytest.fixture(scope="module")
 def gated_cell():
-    """A gated Elman cell with layer norm and gelu, unrolled 12 steps; a readout of the last state."""
+    """A gated Elman cell with layer norm and gelu, unrolled 12 steps; a readout of the last state.
+    On jax 0.10, XLA keeps 8% less for it under ``everything_saveable`` than as written."""
     batch, steps, d_in, hidden = 64, 12, 16, 96
     rng = np.random.default_rng(0)
 
@@ -49,17 +50,46 @@ def gated_cell():
     return gated_cell_loss, params, data
 
 
-def test_a_whole_function_policy_that_recomputes_nothing_wins_where_it_fits(gated_cell, tmp_path):
-    fn, params, data = gated_cell
-    plain = peak_bytes(fn, params, data)
-    saving_all = remat_opt.checkpoint_policy(fn, "everything_saveable", params, data, budget_bytes=plain)
-    assert saving_all.measured_peak_bytes < 0.95 * plain  # what the test stands on: XLA keeps less for it
-    budget = (saving_all.measured_peak_bytes + plain) // 2
+def dropout_mlp():
+    """Six tanh layers with dropout from a key argument. On jax 0.12, XLA keeps 30% less for it
+    under ``everything_saveable`` than as written."""
+    key = jax.random.PRNGKey(0)
+    ws = [jax.random.normal(jax.random.fold_in(key, i), (32, 32)) / 6 for i in range(6)]
+    x = jax.random.normal(jax.random.PRNGKey(1), (256, 32))
+
+    def dropout_loss(ws, data):
+        x, key = data
+        for i, w in enumerate(ws):
+            x = jnp.tanh(x @ w)
+            keep = jax.random.bernoulli(jax.random.fold_in(key, i), 0.9, x.shape)
+            x = jnp.where(keep, x / 0.9, 0.0)
+        return jnp.mean(x**2)
+
+    return dropout_loss, ws, (x, jax.random.PRNGKey(2))
+
+
+@pytest.fixture(scope="module")
+def saving_all_keeps_less():
+    """The first program of the list for which XLA, on this jax, keeps less under
+    ``everything_saveable`` than as written (by 5% or more), with both peaks. Which programs
+    do is XLA's choice and moves between releases; the test stands on one that does here."""
+    for make in (gated_cell, dropout_mlp):
+        fn, params, data = make()
+        plain = peak_bytes(fn, params, data)
+        saving_all = remat_opt.checkpoint_policy(fn, "everything_saveable", params, data, budget_bytes=plain)
+        if saving_all.measured_peak_bytes < 0.95 * plain:
+            return fn, params, data, plain, saving_all.measured_peak_bytes
+    pytest.fail(f"no program here peaks 5% lower under everything_saveable on jax {jax.__version__}")
+
+
+def test_a_whole_function_policy_that_recomputes_nothing_wins_where_it_fits(saving_all_keeps_less, tmp_path):
+    fn, params, data, plain, saving_all = saving_all_keeps_less
+    budget = (saving_all + plain) // 2
     step = remat_opt.optimize(fn, budget, solver_options=FAST, cache=tmp_path)
     plan = step.plan(params, data)
     assert plan.whole_policy == "everything_saveable" and plan.status == "OPTIMAL"
     assert plan.measured_recompute_flops == plan.recompute_flops == 0
-    assert plan.measured_peak_bytes == saving_all.measured_peak_bytes <= budget
+    assert plan.measured_peak_bytes == saving_all <= budget
     assert plan.predicted_peak_bytes is None  # measured only: the model sees through the checkpoint
     assert "everything_saveable" in str(plan) and "no decisions per value" in plan.report()
     assert peak_bytes(step, params, data) == plan.measured_peak_bytes

@@ -409,8 +409,11 @@ def test_dropout_with_a_prng_key_argument():
             x = jnp.where(keep, x / 0.9, 0.0)
         return jnp.mean(x**2)
 
-    # A raw uint32 key: jax.random wraps it into a key-typed value inside the loss.
-    optimize_and_check(loss, (weights(6), inputs(), jax.random.PRNGKey(0)))
+    # A raw uint32 key: jax.random wraps it into a key-typed value inside the loss. At 0.68 of
+    # the plain peak a schedule is needed: the lowest reachable is 0.665, and on jax 0.12
+    # jax.checkpoint(loss, policy=everything_saveable), which recomputes nothing, peaks at 0.70
+    # (below it, optimize would return that, and the schedule's rewrite of the key would go untested).
+    optimize_and_check(loss, (weights(6), inputs(), jax.random.PRNGKey(0)), frac=0.68)
 
 
 # --- What remat_opt refuses -------------------------------------------------------------

@@ -500,10 +500,11 @@ class OptimizedFunction:
                 report(entry_path(directory, key), f"does not rebuild ({type(err).__name__}: {err}); planning again.")
         plan, program = self._make_plan(args, kwargs)
         kind = plan_kind(plan)
-        # Not kept: a plan whose model took XLA's account of primitives no rule
+        # Not kept: a schedule whose model took XLA's account of primitives no rule
         # knows (a compile the entry does not carry; a graph rebuilt without it
-        # could rewrite another program than the one measured).
+        # could rewrite another program than the one measured). A loop plan's or a
+        # whole-function policy's program does not depend on the graph.
         unknown = unknown_of(p for _, p in plan.graph.nodes(data="primitive") if p != "input")
-        if kind is not None and not (kind != "loop" and self.xla_facts and unknown):
+        if kind is not None and not (kind not in ("loop", "policy") and self.xla_facts and unknown):
             write_entry(directory, key, plan_entry(plan, kind, qualified_name(self.fn)))
         return plan, program
