@@ -65,7 +65,8 @@ def with_collectives(plan: Plan, graph: ProgramGraph, partitioned: Partitioned, 
                      plain_collectives: int, interconnect: Interconnect) -> Plan:
     """``plan`` with XLA's collective bytes, and per collective equation its decision
     (from the plan's graph, when it is ``graph``'s: not a loop plan's)."""
-    same = plan.loop_plan is None and plan.whole_policy is None and plan.graph.number_of_nodes() == graph.nx_graph().number_of_nodes()
+    same = (plan.loop_plan is None and plan.whole_policy is None
+            and plan.graph.number_of_nodes() == graph.nx_graph().number_of_nodes())
     decisions = dict(plan.graph.nodes(data="decision")) if same else {}
     return dataclasses.replace(plan, collective_bytes=measured_collectives,
                                plain_collective_bytes=plain_collectives,
