@@ -10,11 +10,12 @@ under it on jax 0.12 (docs/measurements.md, "Whole-function policies"): which
 programs gain is XLA's choice. The memory model does not describe these
 programs (its trace sees through the checkpoint), so they are measured, never
 predicted: in order of recomputed FLOPs, only those cheaper than the plan
-already in hand, up to the first that XLA fits. The model still ranks them: a policy is measured only when
-the model puts its nearest schedule (:func:`nearest_schedule`) within reach of
-the budget, as the planner's other outside candidates are; around the whole
-function the backward recomputes every value it does not save before it
-transposes any, so these usually peak near the program as written.
+already in hand, up to the first that XLA fits. The model still ranks them: a
+policy is measured only when the model puts its nearest schedule
+(:func:`nearest_schedule`) within reach of the budget, as the planner's other
+outside candidates are; around the whole function the backward recomputes
+every value it does not save before it transposes any, so these usually peak
+near the program as written.
 """
 
 from __future__ import annotations
