@@ -160,8 +160,8 @@ class OptimizedFunction:
         # On a mesh, values take one device's bytes and collectives their cost (memory._sharded).
         graph, partitioned = sharded_graph(build_graph(traced, self.cost_model), self.fn, args, kwargs, nums,
                                            self.has_aux, self.interconnect)
-        # XLA's account of the program: what no rule of the model knows, and
-        # the gradients it sums from partials held to the end.
+        # XLA's account of the program: what no rule of the model knows, the
+        # gradients it sums from partials held to the end, and each transpose's scratch.
         compiled = read_plain(self.fn, traced, args, kwargs, nums, self.has_aux) if self.xla_facts else None
         if not self.xla_facts:
             check_known(graph)

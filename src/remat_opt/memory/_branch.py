@@ -26,7 +26,7 @@ from ..program._graph import ProgramGraph
 
 
 def live_at_peak(graph: ProgramGraph, members: Iterable[int], recomputed: set[int],
-                 sizes: dict[int, list[int]]) -> list[tuple[int, int]]:
+                 sizes: dict[int, list[int]], scratch: dict[int, int] | None = None) -> list[tuple[int, int]]:
     """The recomputed buffers live together when the most recomputed bytes are.
 
     Args:
@@ -34,6 +34,9 @@ def live_at_peak(graph: ProgramGraph, members: Iterable[int], recomputed: set[in
         members: the units of one fenced segment.
         recomputed: the units its backward recomputes (others' outputs are stored).
         sizes: per recomputed unit, the sizes of the buffers it writes.
+        scratch: per unit, the scratch of its transpose's part that reads
+            forward values only (:attr:`ProgramGraph.scratch`): live for one
+            step, once its operands exist, at the unit's own depth.
 
     Returns:
         ``(unit, size)`` of each recomputed buffer live at the busiest step
@@ -63,6 +66,11 @@ def live_at_peak(graph: ProgramGraph, members: Iterable[int], recomputed: set[in
         for size in sizes[u]:
             events.setdefault(depth[u], []).append(((u, size), +1))
             events.setdefault(max(readers) + 1, []).append(((u, size), -1))
+    for u, size in (scratch or {}).items():
+        if u in inside and size:  # once its operands exist, recomputed or stored
+            at = depth.get(u) or 1 + max((depth.get(graph.node_unit[w], 0) for w in units[u].inputs), default=0)
+            events.setdefault(at, []).append(((u, size), +1))
+            events.setdefault(at + 1, []).append(((u, size), -1))
     live: dict[tuple[int, int], int] = {}
     best: list[tuple[int, int]] = []
     best_bytes = 0
@@ -78,7 +86,8 @@ def live_at_peak(graph: ProgramGraph, members: Iterable[int], recomputed: set[in
 
 def live_per_segment(graph: ProgramGraph, seg_of: tuple[int, ...], remat_sizes: dict[int, list[int]],
                      as_written: set[int]) -> dict[int, list[tuple[int, int]]]:
-    """:func:`live_at_peak` of every fenced segment that rematerializes a buffer.
+    """:func:`live_at_peak` of every fenced segment that rematerializes a buffer
+    or holds a transpose's forward scratch.
 
     Args:
         graph: the program graph.
@@ -90,9 +99,10 @@ def live_per_segment(graph: ProgramGraph, seg_of: tuple[int, ...], remat_sizes: 
     for u in graph.units:
         members.setdefault(seg_of[u.position], []).append(u.index)
     recomputed = set(remat_sizes)
+    scratch = {u: forward for u, (_, forward) in enumerate(graph.scratch) if forward}
     out = {}
     for j, here in members.items():
         sizes = {u: remat_sizes[u] for u in here if u in recomputed}
-        if j not in as_written and any(sizes.values()):
-            out[j] = live_at_peak(graph, here, recomputed, sizes)
+        if j not in as_written and (any(sizes.values()) or any(u in scratch for u in here)):
+            out[j] = live_at_peak(graph, here, recomputed, sizes, scratch)
     return out

@@ -26,7 +26,6 @@ one loop fusion whose operands are all the partials.
 
 from __future__ import annotations
 
-import re
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -35,18 +34,12 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import numpy as np
 from jax.experimental.compilation_cache import compilation_cache
 
 from ._compiles import compiled_figures
+from ._hlo import EQN, PASS_THROUGH, Instruction, array_bytes, origin, parse_module
 from ._measure import memory_of
-
-_EQN = re.compile(r"remat_opt_eqn(\d+)")
-_INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = (.+?) ([a-z][\w\-]*)\((.*)$")
-_OPERAND = re.compile(r"%([\w.\-]+)")
-_OP_NAME = re.compile(r'op_name="([^"]*)"')
-_ARRAY = re.compile(r"^([a-z]+\d*)\[([\d,]*)\]")
-_PASS_THROUGH = frozenset({"bitcast", "tuple", "parameter", "constant"})
+from ._scratch import transpose_scratch
 
 
 @dataclass(frozen=True)
@@ -95,96 +88,28 @@ class CompiledProgram:
         backend: the platform it was compiled for.
         deferred: the step's outputs XLA sums from three or more partials held
             until the sum (:class:`DeferredSum`).
+        scratch: ``(equation, backward, forward)``: the most scratch XLA
+            holds at once while it transposes that equation, in the backward
+            proper and in the part that reads forward values only
+            (:func:`remat_opt.memory._scratch.transpose_scratch`).
     """
 
     peak_bytes: int
     held: tuple[HeldBuffer, ...]
     backend: str
     deferred: tuple[DeferredSum, ...] = ()
+    scratch: tuple[tuple[int, int, int], ...] = ()
 
 
-@dataclass(frozen=True)
-class _Instruction:
-    name: str
-    shape: str
-    opcode: str
-    operands: tuple[str, ...]
-    op_name: str
-    calls: str = ""
-
-
-_CALLS = re.compile(r"calls=%([\w.\-]+)")
-_INDEX = re.compile(r"index=(\d+)")
-
-
-def _array_bytes(shape: str) -> int:
-    found = _ARRAY.match(shape)
-    if not found:
-        return 0
-    dims = [int(d) for d in found[2].split(",") if d]
-    bits = int(re.sub(r"\D", "", found[1]) or 8)  # pred (and token) have no width: a byte
-    return int(np.prod(dims, dtype=np.int64)) * max(1, bits // 8)
-
-
-def parse_module(hlo_text: str) -> tuple[str, dict[str, list[_Instruction]]]:
-    """The module's computations (name -> instructions, the root last) and its entry's name."""
-    computations: dict[str, list[_Instruction]] = {}
-    entry, current, root = "", None, None
-    for line in hlo_text.splitlines():
-        header = re.match(r"^(ENTRY )?%([\w.\-]+) .*\{\s*$", line)
-        if header:
-            current, root = header[2], None
-            computations[current] = []
-            entry = current if header[1] else entry
-            continue
-        if line.startswith("}"):
-            if current is not None and root is not None:  # the root goes last
-                body = computations[current]
-                body.append(body.pop(root))
-            current = None
-            continue
-        found = _INSTRUCTION.match(line) if current is not None else None
-        if not found:
-            continue
-        name, shape, opcode, rest = found.groups()
-        args = rest.split("), ")[0] if "), " in rest else rest.rsplit(")", 1)[0]
-        op_name, calls = _OP_NAME.search(rest), _CALLS.search(rest)
-        if opcode == "get-tuple-element":
-            index = _INDEX.search(rest)
-            opcode = f"get-tuple-element.{index[1] if index else 0}"
-        if line.lstrip().startswith("ROOT "):
-            root = len(computations[current])
-        computations[current].append(_Instruction(name, shape, opcode, tuple(_OPERAND.findall(args)),
-                                                  op_name[1] if op_name else "", calls[1] if calls else ""))
-    return entry, computations
-
-
-def _origin(instruction: _Instruction, computations: dict[str, list[_Instruction]], index: int | None) -> str:
-    """The ``op_name`` of what a (fusion) instruction computes: its fused root's, through views."""
-    body = computations.get(instruction.calls) if instruction.opcode == "fusion" else None
-    if not body:
-        return instruction.op_name
-    by_name = {i.name: i for i in body}
-    node = body[-1]
-    for _ in range(len(body)):
-        if node.opcode == "tuple" and index is not None and index < len(node.operands):
-            node, index = by_name.get(node.operands[index], node), None
-        elif node.opcode in ("bitcast", "copy") and node.operands and node.operands[0] in by_name:
-            node = by_name[node.operands[0]]
-        else:
-            break
-    return node.op_name or instruction.op_name
-
-
-def _eqn_of(instruction: _Instruction, by_name: dict[str, _Instruction],
-            computations: dict[str, list[_Instruction]], index: int | None = None) -> tuple[int, str] | None:
+def _eqn_of(instruction: Instruction, by_name: dict[str, Instruction],
+            computations: dict[str, list[Instruction]], index: int | None = None) -> tuple[int, str] | None:
     """The primal equation and primitive an entry instruction computes: from its
     (fused root's) ``op_name``; for a copy XLA added without one (a relayout),
     from what it copies; ``-1`` for a copy of a program input."""
     steps = 0
     for _ in range(64):
-        op_name = _origin(instruction, computations, index)
-        found = _EQN.findall(op_name)
+        op_name = origin(instruction, computations, index)
+        found = EQN.findall(op_name)
         if found:
             return int(found[-1]), op_name.rsplit("/", 1)[-1]
         if instruction.opcode == "parameter" and steps:
@@ -226,13 +151,13 @@ def held_buffers(hlo_text: str) -> tuple[HeldBuffer, ...]:
                 read_by_backward.update(o for o in owners(operand) if o not in backward)
     held = []
     for i in instructions:
-        if i.name not in read_by_backward or i.opcode in _PASS_THROUGH:
+        if i.name not in read_by_backward or i.opcode in PASS_THROUGH:
             continue
         index = int(i.opcode.rsplit(".", 1)[1]) if i.opcode.startswith("get-tuple-element.") else None
         source = by_name.get(i.operands[0], i) if index is not None and i.operands else i
-        origin = _eqn_of(source, by_name, computations, index)
-        if origin is not None:
-            held.append(HeldBuffer(i.name, origin[0], origin[1], _array_bytes(i.shape)))
+        found = _eqn_of(source, by_name, computations, index)
+        if found is not None:
+            held.append(HeldBuffer(i.name, found[0], found[1], array_bytes(i.shape)))
     return tuple(sorted(held, key=lambda b: (b.eqn, b.instruction)))
 
 
@@ -260,19 +185,19 @@ def deferred_sums(hlo_text: str) -> tuple[DeferredSum, ...]:
         i = by_name.get(name)
         while i is not None and i.opcode in ("bitcast", "copy") and i.operands and i.operands[0] in by_name:
             i = by_name[i.operands[0]]
-        if i is None or not _origin(i, computations, None).endswith("add_any"):
+        if i is None or not origin(i, computations, None).endswith("add_any"):
             continue
-        size = _array_bytes(i.shape)
+        size = array_bytes(i.shape)
         eqns = set()
         partials = 0
         for operand in dict.fromkeys(i.operands):
             o = by_name.get(operand)
-            if o is None or _array_bytes(o.shape) != size:
+            if o is None or array_bytes(o.shape) != size:
                 continue
-            origin = _eqn_of(o, by_name, computations)
-            if origin is not None and origin[0] >= 0:
+            found = _eqn_of(o, by_name, computations)
+            if found is not None and found[0] >= 0:
                 partials += 1
-                eqns.add(origin[0])
+                eqns.add(found[0])
         if partials >= 3:
             out.append(DeferredSum(i.name, size, frozenset(eqns)))
     return tuple(out)
@@ -288,12 +213,17 @@ def read_compiled(step: Callable[..., Any], *args: Any, **kwargs: Any) -> Compil
 
     Returns:
         XLA's peak, the buffers it holds from the forward into the backward,
-        and the outputs it sums from partials held until the end.
+        the outputs it sums from partials held until the end, and the
+        scratch it holds while it transposes each equation.
     """
     def read(lowered: Any) -> CompiledProgram:
-        compiled, hlo = _dumped(lowered, "after_optimizations.txt")
+        compiled, (hlo, live_range, assignment) = _dumped(
+            lowered, "after_optimizations.txt", "after_optimizations-live-range.txt",
+            "after_optimizations-buffer-assignment.txt")
         text = hlo or compiled.as_text()
-        return CompiledProgram(memory_of(compiled), held_buffers(text), jax.default_backend(), deferred_sums(text))
+        scratch = transpose_scratch(text, live_range, assignment) if live_range and assignment else {}
+        return CompiledProgram(memory_of(compiled), held_buffers(text), jax.default_backend(), deferred_sums(text),
+                               tuple((eqn, *figures) for eqn, figures in sorted(scratch.items())))
 
     return compiled_figures(jax.jit(step).lower(*args, **kwargs), "compiled program", read)
 
@@ -319,12 +249,17 @@ def _compiled_afresh() -> Iterator[None]:
 def compile_dumped(step: Callable[..., Any], suffix: str, *args: Any, **kwargs: Any) -> tuple[Any, str | None]:
     """``jax.jit(step)`` compiled here, with XLA's dump on, and the text of the
     dumped file whose name ends with ``suffix`` (``None`` if XLA wrote none)."""
-    return _dumped(jax.jit(step).lower(*args, **kwargs), suffix)
+    compiled, (text,) = _dumped(jax.jit(step).lower(*args, **kwargs), suffix)
+    return compiled, text
 
 
-def _dumped(lowered: Any, suffix: str) -> tuple[Any, str | None]:
-    """``lowered`` compiled with XLA's dump on, and the dumped file ending with ``suffix``."""
+def _dumped(lowered: Any, *suffixes: str) -> tuple[Any, list[str | None]]:
+    """``lowered`` compiled with XLA's dump on, and per suffix the text of the
+    dumped file whose name ends with it (``None`` if XLA wrote none)."""
     with tempfile.TemporaryDirectory(prefix="remat_opt_xla_") as folder, _compiled_afresh():
         compiled = lowered.compile(compiler_options={"xla_dump_to": folder})
-        dumps = sorted(Path(folder).glob(f"*{suffix}"))
-        return compiled, dumps[-1].read_text() if dumps else None
+        texts = []
+        for suffix in suffixes:
+            dumps = sorted(Path(folder).glob(f"*{suffix}"))
+            texts.append(dumps[-1].read_text() if dumps else None)
+        return compiled, texts

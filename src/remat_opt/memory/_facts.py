@@ -57,8 +57,16 @@ def with_memory_facts(graph: ProgramGraph, compiled: CompiledProgram | None = No
         fused, held = _decided_by_xla(graph, compiled, unknown, fused, held)
     transposed = transposed_layouts(units, list(graph.node_unit), list(graph.node_shape))
     summed = summed_at_end(graph, compiled.deferred) if compiled is not None else ()
+    scratch = scratch_per_unit(graph, compiled.scratch) if compiled is not None else ()
     return with_inner_bytes(dataclasses.replace(graph, fused=fused, held=held, transposed=transposed,
-                                                summed_at_end=summed))
+                                                summed_at_end=summed, scratch=scratch))
+
+
+def scratch_per_unit(graph: ProgramGraph, scratch: tuple[tuple[int, int, int], ...]) -> tuple[tuple[int, int], ...]:
+    """Per unit, the scratch XLA holds while it transposes the unit's equation
+    (:attr:`ProgramGraph.scratch`): each unit at an equation's position gets it."""
+    per_eqn = {eqn: (backward, forward) for eqn, backward, forward in scratch}
+    return tuple(per_eqn.get(u.position, (0, 0)) for u in graph.units)
 
 
 def summed_at_end(graph: ProgramGraph, deferred: tuple[DeferredSum, ...]) -> tuple[bool, ...]:

@@ -42,7 +42,8 @@ from ..program._graph import ProgramGraph, Unit, _crossing_profile, aval_bytes
 from ..program._names import eval_program
 from ..program._static import split
 from ..program._trace import TracedProgram, with_signature
-from ._compiled import _ARRAY, _EQN, _compiled_afresh, parse_module
+from ._compiled import _compiled_afresh
+from ._hlo import ARRAY, EQN, parse_module
 from ._measure import abstract, gradient_step, memory_of, mesh_sharding
 
 _COLLECTIVE = re.compile(r"^(all-gather|all-reduce|reduce-scatter|all-to-all|collective-permute)(-start)?$")
@@ -125,7 +126,7 @@ def read_partitioned(fn: Callable[..., Any], traced: TracedProgram, args: tuple,
     forward = []
     for body in computations.values():
         for i in body:
-            found = _EQN.findall(i.op_name)
+            found = EQN.findall(i.op_name)
             if not found and _COLLECTIVE.match(i.opcode) and "[" in i.op_name and "(" not in i.op_name:
                 # jax 0.12 names a weight's gather after the argument: charged to its first reader
                 path = i.op_name.replace("\\", "")
@@ -134,7 +135,7 @@ def read_partitioned(fn: Callable[..., Any], traced: TracedProgram, args: tuple,
                 continue
             if not found or "transpose(" in i.op_name or ":" in i.op_name:  # backward, or merged ops
                 continue
-            arrays = _shapes(i.shape) if _ARRAY.match(i.shape) else []
+            arrays = _shapes(i.shape) if ARRAY.match(i.shape) else []
             dims, size = arrays[0] if arrays else ((), 0)
             forward.append(_Forward(int(found[-1]), i.op_name.rsplit("/", 1)[-1], dims if arrays else (-1,),
                                     size, _instruction_collective(i.opcode, i.shape), _kind(i.opcode)))

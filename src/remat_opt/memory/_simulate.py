@@ -128,11 +128,20 @@ from ._slots import (
 SCALING_PRIMITIVES = frozenset({"div"})
 
 
-def transient_bytes(graph: ProgramGraph, unit: int, recomputed: bool = False) -> int:
+def transient_bytes(graph: ProgramGraph, unit: int, recomputed: bool = False, fenced: bool | None = None) -> int:
     """In-flight bytes while one unit is transposed: its largest output (XLA:CPU
-    writes most cotangents in place of a dead operand, so one, not two), plus,
-    for a scan whose body rematerializes, what one iteration's rerun holds
-    (:attr:`ProgramGraph.inner_bytes`, from :mod:`remat_opt.memory._inner`).
+    writes most cotangents in place of a dead operand, so one, not two), plus
+    the scratch XLA holds beside it for that equation's transpose in the
+    plain program (:attr:`ProgramGraph.scratch`, read off the compile by
+    :mod:`remat_opt.memory._scratch`: an NCHW convolution's cotangent in
+    NHWC), plus, for a scan whose body rematerializes, what one iteration's
+    rerun holds (:attr:`ProgramGraph.inner_bytes`, from
+    :mod:`remat_opt.memory._inner`). In a ``fenced`` segment (by default,
+    when ``recomputed``), at least the scratch of the transpose's part that
+    reads forward values only, which XLA runs in the forward of code run as
+    written and, behind the fence, in the backward (max pooling's index
+    search: four 32-bit index buffers of the padded input, the padded input,
+    and the window's outputs).
 
     Two for a recomputed quotient by a smaller, broadcast operand
     (``recomputed``: by a fenced segment, or by a nested segment's rerun of
@@ -151,11 +160,13 @@ def transient_bytes(graph: ProgramGraph, unit: int, recomputed: bool = False) ->
     """
     u = graph.units[unit]
     out = max((graph.node_bytes[v] for v in u.outputs), default=0)
+    backward, forward = graph.scratch[unit] if graph.scratch else (0, 0)
     if graph.inner_bytes:
         out += graph.inner_bytes[unit]
+    held = max(out + backward, forward if (recomputed if fenced is None else fenced) else 0)
     if recomputed and u.primitive in SCALING_PRIMITIVES and any(0 < graph.node_bytes[v] < out for v in u.inputs):
-        return 2 * out
-    return out
+        return max(2 * out, held)
+    return held
 
 
 def kept_buffers(graph: ProgramGraph) -> frozenset[int]:
@@ -452,7 +463,10 @@ def simulate(graph: ProgramGraph, schedule: Schedule, *, planning: bool = False)
     for u in units:
         j = seg_of[u.position]
         recomputed_here = (u.index in recomputed or u.index in rerun) and not schedule.saved
-        transient[j] = max(transient[j], transient_bytes(graph, u.index, recomputed_here))
+        # Behind a fence: every segment but the step's last (a nested level's last runs in a
+        # fenced backward), unless the breadth-first count above already holds its forward scratch.
+        fenced = j != levels[0][1] and j not in branch_live
+        transient[j] = max(transient[j], transient_bytes(graph, u.index, recomputed_here, fenced))
     base = graph.input_bytes + graph.output_bytes
     seg_start = [0, *sorted(c for c in schedule.all_cuts() if 0 < c < graph.num_positions)]
     seg_end = [*(c - 1 for c in seg_start[1:]), max(0, graph.num_positions - 1)]
