@@ -11,14 +11,16 @@ writes each schedule with XLA's peak to ``results/dev_fidelity.csv``.
 
 Usage:
     python experiments/dev_fidelity.py collect [--programs lstm,conv_nchw]
-    python experiments/dev_fidelity.py check [--programs lstm]
+    python experiments/dev_fidelity.py check [--programs lstm] [--no-scratch]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from pathlib import Path
+from unittest import mock
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, command, read_csv, stamp, write_csv  # noqa: E402
@@ -27,6 +29,7 @@ from schedule_fidelity import baseline_schedules  # noqa: E402
 
 from remat_opt._schedule import Schedule  # noqa: E402
 from remat_opt.baselines._reference import Reference, reference  # noqa: E402
+from remat_opt.memory import _facts  # noqa: E402
 from remat_opt.memory._simulate import simulate  # noqa: E402
 from remat_opt.rewrite._apply import apply_schedule  # noqa: E402
 
@@ -56,13 +59,17 @@ def collect(names: list[str]) -> list[dict]:
     return rows
 
 
-def check(rows: list[dict]) -> list[dict]:
-    """``rows`` with the current model's prediction and its relative error."""
+def check(rows: list[dict], scratch: bool = True) -> list[dict]:
+    """``rows`` with the current model's prediction and its relative error
+    (without the transposes' scratch read off XLA, unless ``scratch``)."""
     refs: dict[str, Reference] = {}
     out = []
     for r in rows:
         if r["program"] not in refs:
-            refs[r["program"]] = program_reference(r["program"])
+            with contextlib.ExitStack() as stack:
+                if not scratch:  # read nothing, before the plain program calibrates the model
+                    stack.enter_context(mock.patch.object(_facts, "scratch_per_unit", lambda graph, read: ()))
+                refs[r["program"]] = program_reference(r["program"])
         predicted = simulate(refs[r["program"]].graph, Schedule.from_json(r["schedule"])).peak_bytes
         measured = int(r["measured_peak_bytes"])
         out.append({**r, "predicted_peak_bytes": predicted, "relative_error": predicted / measured - 1})
@@ -74,14 +81,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("mode", choices=("check", "collect"))
     parser.add_argument("--programs", default=",".join(DEV_PROGRAMS))
     parser.add_argument("--csv", type=Path, default=CSV)
+    parser.add_argument("--no-scratch", action="store_true", help="check: without the transposes' scratch")
     args = parser.parse_args(argv)
     names = [n for n in args.programs.split(",") if n]
     if args.mode == "collect":
         rows = collect(names)
-        write_csv(args.csv, rows, f"{stamp()}\nreproduce: {command()}")
-        print(f"wrote {len(rows)} schedules to {args.csv}")
+        # Rows of the programs not collected now are kept, measured as they were.
+        kept = [r for r in read_csv(args.csv) if r["program"] not in names] if args.csv.exists() else []
+        write_csv(args.csv, kept + rows, f"{stamp()}\nreproduce: {command()} (rows of other programs kept "
+                  "from the file's earlier runs)" if kept else f"{stamp()}\nreproduce: {command()}")
+        print(f"wrote {len(rows)} schedules to {args.csv}, {len(kept)} kept")
         return 0
-    checked = check([r for r in read_csv(args.csv) if r["program"] in names])
+    checked = check([r for r in read_csv(args.csv) if r["program"] in names], not args.no_scratch)
     for r in checked:
         print(f"  {r['program']:18s} {r['label']:9s} predicted {r['predicted_peak_bytes'] / 2**20:7.2f} MiB "
               f"measured {int(r['measured_peak_bytes']) / 2**20:7.2f} MiB {r['relative_error']:+.1%}")

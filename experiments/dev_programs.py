@@ -148,9 +148,61 @@ def separable_convnet() -> Program:
                    f"{blocks} residual blocks of width {c}, batch-norm")
 
 
+def pooled_resnet() -> Program:
+    """A residual conv net (NHWC) with batch norm in training mode and a max-pooled stem.
+
+    Added after the four above, for the held-out set's ResNet family: the
+    development set had no max pooling (``reduce_window``) and no batch norm
+    with a scale and an offset on a two-convolution block."""
+    batch, size, widths = 8, 64, (24, 48, 96)
+    rng = np.random.default_rng(205)
+    nhwc = ("NHWC", "HWIO", "NHWC")
+    p: dict[str, jax.Array] = {"stem": _normal(rng, (5, 5, 3, widths[0]), 75),
+                               "stem_g": jnp.ones((widths[0],)), "stem_b": jnp.zeros((widths[0],))}
+    c_in = widths[0]
+    for s, c in enumerate(widths):
+        for b in range(2):
+            n = f"s{s}b{b}"
+            p[f"{n}c1"] = _normal(rng, (3, 3, c_in, c), 9 * c_in)
+            p[f"{n}c2"] = _normal(rng, (3, 3, c, c), 9 * c)
+            for j in (1, 2):
+                p[f"{n}g{j}"], p[f"{n}o{j}"] = jnp.ones((c,)), jnp.zeros((c,))
+            if c_in != c:
+                p[f"{n}proj"] = _normal(rng, (1, 1, c_in, c), c_in)
+            c_in = c
+    p["head"] = _normal(rng, (widths[-1], 10), widths[-1])
+    x = _normal(rng, (batch, size, size, 3))
+    y = _labels(rng, (batch,), 10)
+
+    def batch_norm(h, g, o):
+        mean, var = jnp.mean(h, axis=(0, 1, 2)), jnp.var(h, axis=(0, 1, 2))
+        return (h - mean) * jax.lax.rsqrt(var + 1e-5) * g + o
+
+    def max_pool(h):
+        return jax.lax.reduce_window(h, -jnp.inf, jax.lax.max, (1, 3, 3, 1), (1, 2, 2, 1), "SAME")
+
+    def loss(params, data):
+        x, y = data
+        h = _conv(x, params["stem"], 2, numbers=nhwc)
+        h = max_pool(jax.nn.relu(batch_norm(h, params["stem_g"], params["stem_b"])))
+        for s in range(len(widths)):
+            for b in range(2):
+                n, stride = f"s{s}b{b}", 2 if s > 0 and b == 0 else 1
+                r = jax.nn.relu(batch_norm(_conv(h, params[f"{n}c1"], stride, numbers=nhwc),
+                                           params[f"{n}g1"], params[f"{n}o1"]))
+                r = batch_norm(_conv(r, params[f"{n}c2"], numbers=nhwc), params[f"{n}g2"], params[f"{n}o2"])
+                short = _conv(h, params[f"{n}proj"], stride, numbers=nhwc) if f"{n}proj" in params else h
+                h = jax.nn.relu(short + r)
+        return _cross_entropy(jnp.mean(h, axis=(1, 2)) @ params["head"], y)
+
+    return Program(loss, (p, (x, y)), f"residual conv net, NHWC: {batch}x{size}x{size}x3, 5x5 stride-2 stem, "
+                   f"3x3 max pool, stages {widths} of two blocks, batch norm with scale and offset")
+
+
 DEV_PROGRAMS: dict[str, Callable[[], Program]] = {
     "lstm": lstm,
     "gated_elman": gated_elman,
     "conv_nchw": conv_nchw,
     "separable_convnet": separable_convnet,
+    "pooled_resnet": pooled_resnet,
 }
