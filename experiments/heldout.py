@@ -38,7 +38,8 @@ cached executable is the one compiled, and its ``memory_analysis`` reads the
 same.
 
 Usage:
-    python experiments/heldout.py [--programs random0,convnet] [--quick] [--out DIR] [--label TEXT]
+    python experiments/heldout.py [--programs random0,convnet] [--quick | --schedules-only] [--no-scratch]
+                                      [--out DIR] [--label TEXT]
 """
 
 from __future__ import annotations
@@ -176,7 +177,7 @@ def run_program(name: str, fractions: tuple[float, ...], options: remat_opt.Solv
     print(f"  plain peak {plain / MiB:.2f} MiB, parameters {params / MiB:.2f} MiB", flush=True)
     for strategy, fn in SCHEDULES.items():
         rows.append(baseline("schedule", strategy, lambda fn=fn: fn(loss, *args, budget_bytes=NO_BUDGET, argnums=nums)))
-    for policy in remat_opt.POLICIES:
+    for policy in remat_opt.POLICIES if fractions else ():  # for the plans' best baseline
         rows.append(baseline("policy", f"checkpoint/{policy}", lambda policy=policy: remat_opt.checkpoint_policy(
             loss, policy, *args, budget_bytes=NO_BUDGET, argnums=nums)))
 
@@ -241,14 +242,21 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"comma-separated names, of: {', '.join(PROGRAMS)}")
     parser.add_argument("--quick", action="store_true",
                         help=f"budgets {QUICK_FRACTIONS} only; programs {','.join(QUICK_PROGRAMS)} unless --programs")
+    parser.add_argument("--schedules-only", action="store_true",
+                        help="the plain program and the schedules only: the model's fidelity, no plans or policies")
+    parser.add_argument("--no-scratch", action="store_true",
+                        help="the model without the transposes' scratch read off XLA (the model before it)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--label", default="", help="free text stored in every row (a model version, say)")
     args = parser.parse_args(argv)
+    if args.no_scratch:  # read nothing, before the plain program calibrates the model
+        from remat_opt.memory import _facts
+        _facts.scratch_per_unit = lambda graph, read: ()
     names = args.programs or (list(QUICK_PROGRAMS) if args.quick else list(PROGRAMS))
     unknown = [n for n in names if n not in PROGRAMS]
     if unknown:
         parser.error(f"unknown programs {unknown}; known: {', '.join(PROGRAMS)}")
-    fractions = QUICK_FRACTIONS if args.quick else FRACTIONS
+    fractions = () if args.schedules_only else QUICK_FRACTIONS if args.quick else FRACTIONS
     header = f"{stamp()}\n{source()}\nreproduce: {command()}\nlabel: {args.label}; solver: {SOLVER}"
     print(header, flush=True)
     path = args.out / ("heldout_quick.csv" if args.quick else "heldout.csv")
