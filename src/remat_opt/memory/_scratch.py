@@ -16,12 +16,13 @@ the plain program says how much, per equation:
 * ``*buffer-assignment.txt``: each value's allocation slice, so that a value
   written in place of another counts once.
 
-A value that equation ``N``'s backward writes from a cotangent (directly or
-through its own scratch), or that XLA adds without an ``op_name`` once the
-backward has begun, and that only ``N``'s backward reads is scratch; the
-most scratch live at once is ``N``'s figure (:func:`transpose_scratch`). The
-cotangents it hands on, and the forward values it reads (relayout copies
-included), are left to the model.
+A value that equation ``N``'s transpose writes (or that XLA adds without an
+``op_name`` from no forward value), and that only ``N``'s transpose reads, is
+scratch. Its figure has two parts (:func:`transpose_scratch`): what reads a
+cotangent another equation handed on, the most of it live at once; and what
+reads forward values only, all of it. The cotangents it hands on, the
+gradients, and the forward values it reads (relayout copies included) are
+left to the model.
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ from ._hlo import EQN, Instruction, origin, parse_module
 
 _VALUE = re.compile(r"value: <\d+ ([\w.\-]+)(\{[\d,]*\})? @\S*> \(size=(\d+),offset=(\d+)\)")
 _ALLOCATION = re.compile(r"^allocation (\d+):")
-_SEQUENCE = re.compile(r"^\s+(\d+):([\w.\-]+)$", re.M)
 _RANGE = re.compile(r"^\s+([\w.\-]+)(\{[\d,]*\}):(\d+)-(\d+)$", re.M)
 
 
@@ -52,7 +52,7 @@ def _slices(assignment: str) -> dict[tuple[str, str], tuple[int, int, int]]:
     return out
 
 
-def _owners(instructions: list[Instruction], computations: dict) -> dict[str, int]:
+def _owners(instructions: list[Instruction], computations: dict, readers: dict[str, set[str]]) -> dict[str, int]:
     """The equation whose backward each entry instruction belongs to: its own
     (fused root's) ``op_name``, or for one without, the one equation whose
     backward reads it."""
@@ -65,7 +65,6 @@ def _owners(instructions: list[Instruction], computations: dict) -> dict[str, in
             owner[i.name] = int(found[-1])
         elif not op_name and i.opcode not in ("parameter", "constant"):
             unnamed.append(i)
-    readers = _readers(instructions)
     for i in reversed(unnamed):  # readers come later in the schedule: settle them first
         eqns = {owner.get(r, -1) for r in readers[i.name]}
         if len(eqns) == 1 and -1 not in eqns:
@@ -99,8 +98,8 @@ def _handed_in(instructions: list[Instruction], owner: dict[str, int]) -> set[st
     return out
 
 
-def _scratch_values(instructions: list[Instruction], owner: dict[str, int],
-                    computations: dict) -> dict[str, tuple[int, bool]]:
+def _scratch_values(instructions: list[Instruction], owner: dict[str, int], computations: dict,
+                    readers: dict[str, set[str]]) -> dict[str, tuple[int, bool]]:
     """The values that are scratch of one equation's transpose, each with its
     equation and whether it reads a cotangent handed in (:func:`_handed_in`).
 
@@ -109,7 +108,6 @@ def _scratch_values(instructions: list[Instruction], owner: dict[str, int],
     never by an instruction whose value the step returns nor by JAX's sum of
     partial cotangents (``add_any``): the model counts gradients and partials.
     """
-    readers = _readers(instructions)
     by_name = {i.name: i for i in instructions}
     handed_in = _handed_in(instructions, owner)
     transposed = {i.name for i in instructions if "transpose(" in i.op_name}
@@ -144,11 +142,13 @@ def transpose_scratch(hlo: str, live_range: str, assignment: str) -> dict[int, t
     """
     entry, computations = parse_module(hlo)
     instructions = computations.get(entry, [])
-    scratch = _scratch_values(instructions, _owners(instructions, computations), computations)
+    readers = _readers(instructions)
+    scratch = _scratch_values(instructions, _owners(instructions, computations, readers), computations, readers)
     if not scratch:
         return {}
     slices = _slices(assignment)
     live: dict[tuple[int, bool], dict[int, dict[tuple[int, int], int]]] = defaultdict(lambda: defaultdict(dict))
+    every: dict[int, int] = defaultdict(int)  # the forward part, behind a fence, runs breadth-first: all at once
     for name, index, start, end in _RANGE.findall(live_range.partition("BufferLiveRange")[2]):
         where = slices.get((name, index))
         if name not in scratch or where is None:
@@ -157,10 +157,7 @@ def transpose_scratch(hlo: str, live_range: str, assignment: str) -> dict[int, t
         for t in range(int(start), int(end) + 1):
             held = live[scratch[name]][t]
             held[(allocation, offset)] = max(held.get((allocation, offset), 0), size)
+        if not scratch[name][1]:
+            every[scratch[name][0]] += size
     peak = {key: max(sum(h.values()) for h in by_time.values()) for key, by_time in live.items()}
-    # The forward part, behind a fence, is scheduled breadth-first: all of it at once.
-    every: dict[int, int] = defaultdict(int)
-    for name, index, _, _ in _RANGE.findall(live_range.partition("BufferLiveRange")[2]):
-        if name in scratch and not scratch[name][1] and (name, index) in slices:
-            every[scratch[name][0]] += slices[(name, index)][2]
     return {eqn: (peak.get((eqn, True), 0), every.get(eqn, 0)) for eqn, _ in peak}
