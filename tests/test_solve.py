@@ -52,7 +52,7 @@ def tiny_transpose(ws, x):
 
 def tiny_softmax(ws, x):
     e = jnp.exp(x @ ws[0])  # 8 cut and 8 save candidates: 2**16 schedules to brute-force
-    p = e / jnp.sum(e, axis=1, keepdims=True)  # a quotient by a broadcast row sum (_simulate.transient_bytes)
+    p = e / jnp.sum(e, axis=1, keepdims=True)  # a quotient by a broadcast row sum (_transient.transient_bytes)
     return jnp.sum(jnp.sin(p @ ws[1]) ** 2)
 
 

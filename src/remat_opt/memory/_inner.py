@@ -11,7 +11,7 @@ group's rerun holds the inner scan's stacked residuals, and the inner scan's
 iterations rematerialize again.
 
 The model charges that as the scan unit's transient (see
-:func:`remat_opt.memory._simulate.transient_bytes`): the peak of the body's own
+:func:`remat_opt.memory._transient.transient_bytes`): the peak of the body's own
 gradient, simulated by the same model on the body's own graph, above the
 body's inputs and outputs (live in the enclosing program already), less the
 bytes per iteration the enclosing scan stores for it. Measured on the

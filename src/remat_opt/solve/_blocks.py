@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..memory._simulate import transient_bytes
+from ..memory._transient import transient_bytes
 from ..program._graph import ProgramGraph
 
 MIN_BLOCKS = 2

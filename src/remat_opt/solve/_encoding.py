@@ -43,8 +43,8 @@ from ..memory._simulate import (
     read_by_backward,
     remat_bytes,
     tail_extra_bytes,
-    transient_bytes,
 )
+from ..memory._transient import transient_bytes
 from .._schedule import Schedule
 from ._partial_terms import PartialTerms
 from ..memory._slots import gradient_slots, slot_candidates, slot_reads
