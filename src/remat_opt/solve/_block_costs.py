@@ -64,9 +64,12 @@ class ChainCosts:
         self.save_candidates = save_candidates(graph)
         kept = kept_buffers(graph)
         self._remat = [remat_bytes(graph, u.index, kept) for u in graph.units]
-        self._transient = [(transient_bytes(graph, u.index), transient_bytes(graph, u.index, recomputed=True))
+        # Per unit: as written (the last segment), behind a fence, recomputed behind a fence.
+        self._transient = [tuple(transient_bytes(graph, u.index, recomputed, fenced)
+                                 for recomputed, fenced in ((False, False), (False, True), (True, True)))
                            for u in graph.units]
-        self._stage_transient = [max((self._transient[x][0] for x in us), default=0) for us in self.units]
+        self._stage_transient = [[max((self._transient[x][k] for x in us), default=0) for us in self.units]
+                                 for k in (0, 1)]
         self._memo: dict[tuple, SegmentTerms] = {}
 
     @property
@@ -161,7 +164,7 @@ class ChainCosts:
             added |= {g.buffer[v] for v in self.crossing[u]
                       if not g.is_output[v] and not read_by_backward(g, v) and v in read}
         local = sum(self._remat[x] for x in recomputed)
-        local += max([*self._stage_transient[t:u], *(self._transient[x][not names] for x in recomputed)])
+        local += max([*self._stage_transient[1][t:u], *(self._transient[x][2] for x in recomputed if not names)])
         local += self._relayout(t, u, saved) + g.crossing_bytes(self.bounds[u])
         flops = sum(g.units[x].flops for x in recomputed & g.primal)
         return SegmentTerms(sum(g.node_bytes[b] for b in added if b >= 0), local, flops)
@@ -194,5 +197,5 @@ class ChainCosts:
             extra = sum(tail_extra_bytes(g, b) for b in held if g.position_of(b) >= lo)
             held |= {g.buffer[v] for v in self.crossing[t]
                      if read_by_backward(g, v) and not g.is_output[v] and g.buffer[v] >= 0}
-            out.append(sum(g.node_bytes[b] for b in held) + extra + max(self._stage_transient[t:]))
+            out.append(sum(g.node_bytes[b] for b in held) + extra + max(self._stage_transient[0][t:]))
         return tuple(out)

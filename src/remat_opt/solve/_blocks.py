@@ -148,7 +148,7 @@ def _unit_facts(graph: ProgramGraph, u: int) -> tuple:
     unit = graph.units[u]
     inner = graph.inner_bytes[u] if graph.inner_bytes else 0
     return (unit.primitive, unit.flops, unit.name is None, u in graph.primal, inner, transient_bytes(graph, u),
-            transient_bytes(graph, u, recomputed=True))
+            transient_bytes(graph, u, fenced=True), transient_bytes(graph, u, recomputed=True))
 
 
 def _block_units(graph: ProgramGraph, lo: int, hi: int) -> list[int]:

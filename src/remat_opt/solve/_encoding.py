@@ -195,10 +195,14 @@ class Encoding:
             tmax = m.NewIntVar(0, big, f"tmax{p}")
             m.Add(acc >= local)
             m.Add(tmax >= t_here)
+            fenced_here = in_tail(p)  # behind a fence unless in the last segment
             for u in by_pos[p]:
                 recomputed_here = transient_bytes(g, u, recomputed=True)
                 if recomputed_here > t_here:
                     m.Add(tmax >= recomputed_here).OnlyEnforceIf([self.rc[u], *no_names])
+                fenced_bytes = transient_bytes(g, u, fenced=True)  # a transpose's forward scratch
+                if fenced_bytes > t_here and not isinstance(fenced_here, int):
+                    m.Add(tmax >= fenced_bytes).OnlyEnforceIf(fenced_here.Not())
             if p > 0:
                 enforce = [self.cut[p].Not()] if p in self.cut else []
                 m.Add(acc >= self.acc[p - 1] + local).OnlyEnforceIf(enforce)
