@@ -66,6 +66,8 @@ def test_max_pooling_index_search_is_read_as_scratch_of_its_forward_part():
     pooled_input = BATCH * SIZE * SIZE * WIDTH * 4
     assert forward >= pooled_input  # the padded input alone is larger
     pool_units = {u.index for u in ref.graph.units if u.position in pool}
+    # Held once: not again by the pool's other units (its output's name), where scratch adds up.
+    assert [u for u in pool_units if ref.graph.scratch[u] != (0, 0)] == [unit]
     assert all(f < pooled_input // 4 for u, (_, f) in enumerate(ref.graph.scratch) if u not in pool_units)
 
 
