@@ -30,10 +30,20 @@ def outside_tiers(graph: ProgramGraph, budget: int, ceiling_flops: int | None, s
     fewer recomputed FLOPs than ``ceiling_flops``, the cheapest first. Then,
     when nothing fits yet (no ceiling), those the model puts lowest. At most
     ``per_tier`` each; ties broken by cuts, so the order is deterministic.
+    Schedules the model runs alike (the same units recomputed, the same
+    values stored, the same peak: Chen's segmentation, and the same
+    with dots saved only where the last segment keeps them anyway) are
+    measured once, so that one compile is not spent twice on one program.
     """
     chen = chen_schedules(graph)
     schedules = {s: None for s in (*nested_candidates(graph), *chen, *policy_schedules(graph, chen))}
-    sims = [(s, simulate(graph, s)) for s in schedules]
+    sims, behaviours = [], set()
+    for s in schedules:  # one of each behaviour: the first (fewest names) of those the model runs alike
+        sim = simulate(graph, s)
+        behaviour = (sim.recomputed_units, sim.stored_nodes, sim.peak_bytes, sim.recompute_flops)
+        if behaviour not in behaviours:
+            behaviours.add(behaviour)
+            sims.append((s, sim))
 
     def key(t: tuple[Schedule, Simulation]) -> tuple:
         return t[1].recompute_flops, sorted(t[0].all_cuts())

@@ -1,0 +1,45 @@
+"""The schedules outside CP-SAT's search that the planner measures (solve/_outside.py)."""
+
+import jax.numpy as jnp
+
+from remat_opt._schedule import Schedule
+from remat_opt.memory import model_graph
+from remat_opt.memory._simulate import simulate
+from remat_opt.program._trace import trace
+from remat_opt.solve._chen import chen_schedules
+from remat_opt.solve._nesting import nested_candidates
+from remat_opt.solve._outside import outside_tiers
+from remat_opt.solve._policy_saves import policy_schedules
+
+
+def head_on_a_chain(ws, head, x):
+    for w in ws:  # elementwise layers, then one matrix product: a classifier's head
+        x = jnp.tanh(x * w)
+    return jnp.sum((x @ head) ** 2)
+
+
+def _behaviour(graph, schedule):
+    sim = simulate(graph, schedule)
+    return sim.recomputed_units, sim.stored_nodes, sim.peak_bytes, sim.recompute_flops
+
+
+def test_schedules_the_model_runs_alike_are_measured_once():
+    # Chen's segmentation with the dots saved where the last segment keeps them
+    # anyway runs as the bare segmentation does: one compile for both.
+    args = ([jnp.full((16,), 0.1) for _ in range(9)], jnp.full((16, 4), 0.1), jnp.ones((32, 16)))
+    graph = model_graph(trace(head_on_a_chain, args, {}, (0, 1)))
+    chen = chen_schedules(graph)
+    every = {s: None for s in (*nested_candidates(graph), *chen, *policy_schedules(graph, chen))}
+    behaviours = {_behaviour(graph, s) for s in every}
+    assert len(behaviours) < len(every)  # the program offers twins
+    plain = simulate(graph, Schedule(plain=True)).peak_bytes
+    tiers = outside_tiers(graph, 10 * plain, None, 0.15, len(every))
+    ranked = [s for tier in tiers for s, _ in tier]
+    assert len({_behaviour(graph, s) for s, _ in tiers[0]}) == len(tiers[0])
+    # Every behaviour below the plain peak is still offered, by its schedule with the fewest names.
+    below = {_behaviour(graph, s) for s in every if simulate(graph, s).peak_bytes < plain}
+    assert {_behaviour(graph, s) for s, _ in tiers[0]} == below
+    for s, _ in tiers[0]:
+        twins = [t for t in every if _behaviour(graph, t) == _behaviour(graph, s)]
+        assert len(s.saved) == min(len(t.saved) for t in twins)
+    assert len(ranked) == len(set(ranked))
