@@ -114,8 +114,8 @@ def test_solver_counts_a_transposes_forward_scratch_behind_fences():
     first = {}
     for u in graph.units:
         first.setdefault(u.position, u.index)
-    scratch = [(0, 0)] * len(graph.units)
-    scratch[first[2]] = (0, 2 * max(graph.node_bytes))  # the second matmul's transpose
+    scratch = [(0, 0, 0)] * len(graph.units)
+    scratch[first[2]] = (0, 2 * max(graph.node_bytes), 0)  # the second matmul's transpose
     _check_against_brute_force(dataclasses.replace(graph, scratch=tuple(scratch)))
 
 

@@ -99,7 +99,7 @@ def live_per_segment(graph: ProgramGraph, seg_of: tuple[int, ...], remat_sizes: 
     for u in graph.units:
         members.setdefault(seg_of[u.position], []).append(u.index)
     recomputed = set(remat_sizes)
-    scratch = {u: forward for u, (_, forward) in enumerate(graph.scratch) if forward}
+    scratch = {u: forward for u, (_, forward, _) in enumerate(graph.scratch) if forward}
     out = {}
     for j, here in members.items():
         sizes = {u: remat_sizes[u] for u in here if u in recomputed}

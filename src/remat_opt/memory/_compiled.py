@@ -88,9 +88,10 @@ class CompiledProgram:
         backend: the platform it was compiled for.
         deferred: the step's outputs XLA sums from three or more partials held
             until the sum (:class:`DeferredSum`).
-        scratch: ``(equation, backward, forward)``: the most scratch XLA
+        scratch: ``(equation, backward, forward, held)``: the most scratch XLA
             holds at once while it transposes that equation, in the backward
-            proper and in the part that reads forward values only
+            proper and in the part that reads forward values only, and of
+            that part what the backward proper reads
             (:func:`remat_opt.memory._scratch.transpose_scratch`).
     """
 
@@ -98,7 +99,7 @@ class CompiledProgram:
     held: tuple[HeldBuffer, ...]
     backend: str
     deferred: tuple[DeferredSum, ...] = ()
-    scratch: tuple[tuple[int, int, int], ...] = ()
+    scratch: tuple[tuple[int, int, int, int], ...] = ()
 
 
 def _eqn_of(instruction: Instruction, by_name: dict[str, Instruction],

@@ -62,17 +62,19 @@ def with_memory_facts(graph: ProgramGraph, compiled: CompiledProgram | None = No
                                                 summed_at_end=summed, scratch=scratch))
 
 
-def scratch_per_unit(graph: ProgramGraph, scratch: tuple[tuple[int, int, int], ...]) -> tuple[tuple[int, int], ...]:
+def scratch_per_unit(graph: ProgramGraph, scratch: tuple[tuple[int, int, int, int], ...],
+                     ) -> tuple[tuple[int, int, int], ...]:
     """Per unit, the scratch XLA holds while it transposes the unit's equation
     (:attr:`ProgramGraph.scratch`): the first unit at an equation's position,
     the equation itself, gets it (the units after it there, such as its
     output's ``name``, would otherwise count it again where scratch adds up,
     in :func:`remat_opt.memory._branch.live_at_peak`)."""
-    per_eqn = {eqn: (backward, forward) for eqn, backward, forward in scratch}
+    per_eqn = {eqn: tuple(figures) for eqn, *figures in scratch}
     first = {}
     for u in graph.units:
         first.setdefault(u.position, u.index)
-    return tuple(per_eqn.get(u.position, (0, 0)) if first[u.position] == u.index else (0, 0) for u in graph.units)
+    none = (0, 0, 0)
+    return tuple(per_eqn.get(u.position, none) if first[u.position] == u.index else none for u in graph.units)
 
 
 def summed_at_end(graph: ProgramGraph, deferred: tuple[DeferredSum, ...]) -> tuple[bool, ...]:

@@ -128,12 +128,16 @@ def _scratch_values(instructions: list[Instruction], owner: dict[str, int], comp
     return out
 
 
-def transpose_scratch(hlo: str, live_range: str, assignment: str) -> dict[int, tuple[int, int]]:
+def transpose_scratch(hlo: str, live_range: str, assignment: str) -> dict[int, tuple[int, int, int]]:
     """Per primal equation, the most bytes of scratch XLA holds at once while it
-    transposes it (see the module's docstring): in the backward proper, and in
+    transposes it (see the module's docstring): in the backward proper; in
     the part of the transpose that reads forward values only (which XLA can
     run in the forward of code run as written, and runs in the backward of
-    code a fenced segment recomputes). Equations with none are left out.
+    code a fenced segment recomputes); and of that part, what the backward
+    proper reads, so that code run as written holds it from the forward to
+    the backward (max pooling's buffer of the padded input's shape, which
+    its backward scatters into; not the index search's intermediates).
+    Equations with none are left out.
 
     Args:
         hlo: the optimized module's text (``*after_optimizations.txt``).
@@ -143,21 +147,26 @@ def transpose_scratch(hlo: str, live_range: str, assignment: str) -> dict[int, t
     entry, computations = parse_module(hlo)
     instructions = computations.get(entry, [])
     readers = _readers(instructions)
-    scratch = _scratch_values(instructions, _owners(instructions, computations, readers), computations, readers)
+    owner = _owners(instructions, computations, readers)
+    scratch = _scratch_values(instructions, owner, computations, readers)
     if not scratch:
         return {}
     slices = _slices(assignment)
     live: dict[tuple[int, bool], dict[int, dict[tuple[int, int], int]]] = defaultdict(lambda: defaultdict(dict))
     every: dict[int, int] = defaultdict(int)  # the forward part, behind a fence, runs breadth-first: all at once
+    held: dict[int, int] = defaultdict(int)  # of it, what the backward proper reads
+    handed_in = _handed_in(instructions, owner)
     for name, index, start, end in _RANGE.findall(live_range.partition("BufferLiveRange")[2]):
         where = slices.get((name, index))
         if name not in scratch or where is None:
             continue
         allocation, offset, size = where
         for t in range(int(start), int(end) + 1):
-            held = live[scratch[name]][t]
-            held[(allocation, offset)] = max(held.get((allocation, offset), 0), size)
+            at_t = live[scratch[name]][t]
+            at_t[(allocation, offset)] = max(at_t.get((allocation, offset), 0), size)
         if not scratch[name][1]:
             every[scratch[name][0]] += size
+            if readers[name] & handed_in:
+                held[scratch[name][0]] += size
     peak = {key: max(sum(h.values()) for h in by_time.values()) for key, by_time in live.items()}
-    return {eqn: (peak.get((eqn, True), 0), every.get(eqn, 0)) for eqn, _ in peak}
+    return {eqn: (peak.get((eqn, True), 0), every.get(eqn, 0), held.get(eqn, 0)) for eqn, _ in peak}

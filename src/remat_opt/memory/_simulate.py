@@ -112,7 +112,7 @@ from ..program._graph import ProgramGraph
 from ._once import held_when_once
 from ._partials import held_partial_bytes
 from .._schedule import Schedule, Simulation, nested_ranges, segment_of_positions
-from ._transient import transient_bytes
+from ._transient import held_forward_scratch, transient_bytes
 from ._slots import (
     gradient_slots,
     matmul_slots,
@@ -413,6 +413,9 @@ def simulate(graph: ProgramGraph, schedule: Schedule, *, planning: bool = False)
     for b in {graph.buffer[v] for v in range(graph.num_nodes) if materialized(graph, v) and not graph.is_output[v]}:
         if b >= 0 and node_seg[b] in as_written:
             rematerialized[node_seg[b]] += tail_extra_bytes(graph, b, bool(schedule.saved) and not planning)
+    for u in units:  # a transpose's forward scratch, held to the backward of code run as written
+        if seg_of[u.position] == levels[0][1]:
+            rematerialized[levels[0][1]] += held_forward_scratch(graph, u.index)
     transient = [0] * num_segments
     for u in units:
         j = seg_of[u.position]

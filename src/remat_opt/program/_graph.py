@@ -129,10 +129,12 @@ class ProgramGraph:
             (read off the compiled program,
             :func:`remat_opt.memory._compiled.deferred_sums`); empty when
             not read.
-        scratch: per unit, ``(backward, forward)``: bytes XLA holds beside
-            the cotangents while it transposes the unit's equation, in the
-            backward proper, and in the part that reads forward values only,
-            which runs in the backward when the unit is recomputed (read off
+        scratch: per unit, ``(backward, forward, held)``: bytes XLA holds
+            beside the cotangents while it transposes the unit's equation, in
+            the backward proper, and in the part that reads forward values
+            only, which runs in the backward when the unit is recomputed; and
+            of that part, what the backward proper reads, which code run as
+            written holds from the forward to the backward (read off
             the compiled program,
             :func:`remat_opt.memory._scratch.transpose_scratch`); empty when
             not read.
@@ -162,7 +164,7 @@ class ProgramGraph:
     plain_storage_scale: float = 1.0
     inner_bytes: tuple[int, ...] = ()
     summed_at_end: tuple[bool, ...] = ()
-    scratch: tuple[tuple[int, int], ...] = ()
+    scratch: tuple[tuple[int, int, int], ...] = ()
 
     @property
     def num_nodes(self) -> int:

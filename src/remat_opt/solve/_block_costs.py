@@ -31,7 +31,7 @@ from functools import cached_property
 
 from ..memory._fusion import materialized, read_by_backward
 from ..memory._simulate import kept_buffers, remat_bytes, tail_extra_bytes
-from ..memory._transient import transient_bytes
+from ..memory._transient import held_forward_scratch, transient_bytes
 from ..program._graph import ProgramGraph
 from ._blocks import BlockChain, crossing_values, stage_bounds, value_spans
 from ._encoding import save_candidates
@@ -195,6 +195,7 @@ class ChainCosts:
             lo = self.bounds[t]
             held = {b for p, b in stored if p >= lo}
             extra = sum(tail_extra_bytes(g, b) for b in held if g.position_of(b) >= lo)
+            extra += sum(held_forward_scratch(g, u.index) for u in g.units if u.position >= lo)
             held |= {g.buffer[v] for v in self.crossing[t]
                      if read_by_backward(g, v) and not g.is_output[v] and g.buffer[v] >= 0}
             out.append(sum(g.node_bytes[b] for b in held) + extra + max(self._stage_transient[0][t:]))

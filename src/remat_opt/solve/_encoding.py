@@ -44,7 +44,7 @@ from ..memory._simulate import (
     remat_bytes,
     tail_extra_bytes,
 )
-from ..memory._transient import transient_bytes
+from ..memory._transient import held_forward_scratch, transient_bytes
 from .._schedule import Schedule
 from ._partial_terms import PartialTerms
 from ..memory._slots import gradient_slots, slot_candidates, slot_reads
@@ -280,6 +280,8 @@ class Encoding:
                     tail_buffers.add(g.buffer[v])
             for b in sorted(tail_buffers - {-1}):  # calibrated storage of code run as written
                 total += tail_extra_bytes(g, b) * self.in_tail(g.position_of(b))
+            for u in g.units:  # and its transposes' forward scratch
+                total += held_forward_scratch(g, u.index) * self.in_tail(u.position)
         crossing: dict[int, list] = {}  # buffer -> literals: a value laid over it is stored across a cut
         for v, chain in self.cross.items():
             lits = [lit for q, lit in chain if q <= e]
