@@ -190,12 +190,13 @@ class ChainCosts:
         g = self.graph
         stored = [(g.position_of(v), g.buffer[v]) for v in range(g.num_nodes)
                   if materialized(g, v) and not g.is_output[v] and g.buffer[v] >= 0]
+        scratch = [(u.position, held_forward_scratch(g, u.index)) for u in g.units if held_forward_scratch(g, u.index)]
         out = []
         for t in range(self.num_stages):
             lo = self.bounds[t]
             held = {b for p, b in stored if p >= lo}
             extra = sum(tail_extra_bytes(g, b) for b in held if g.position_of(b) >= lo)
-            extra += sum(held_forward_scratch(g, u.index) for u in g.units if u.position >= lo)
+            extra += sum(size for p, size in scratch if p >= lo)  # transposes' forward scratch, held
             held |= {g.buffer[v] for v in self.crossing[t]
                      if read_by_backward(g, v) and not g.is_output[v] and g.buffer[v] >= 0}
             out.append(sum(g.node_bytes[b] for b in held) + extra + max(self._stage_transient[0][t:]))

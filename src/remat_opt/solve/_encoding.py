@@ -195,14 +195,14 @@ class Encoding:
             tmax = m.NewIntVar(0, big, f"tmax{p}")
             m.Add(acc >= local)
             m.Add(tmax >= t_here)
-            fenced_here = in_tail(p)  # behind a fence unless in the last segment
+            last_here = in_tail(p)  # behind a fence unless in the last segment
             for u in by_pos[p]:
                 recomputed_here = transient_bytes(g, u, recomputed=True)
                 if recomputed_here > t_here:
                     m.Add(tmax >= recomputed_here).OnlyEnforceIf([self.rc[u], *no_names])
                 fenced_bytes = transient_bytes(g, u, fenced=True)  # a transpose's forward scratch
-                if fenced_bytes > t_here and not isinstance(fenced_here, int):
-                    m.Add(tmax >= fenced_bytes).OnlyEnforceIf(fenced_here.Not())
+                if fenced_bytes > t_here and not isinstance(last_here, int):
+                    m.Add(tmax >= fenced_bytes).OnlyEnforceIf(last_here.Not())
             if p > 0:
                 enforce = [self.cut[p].Not()] if p in self.cut else []
                 m.Add(acc >= self.acc[p - 1] + local).OnlyEnforceIf(enforce)
@@ -281,7 +281,8 @@ class Encoding:
             for b in sorted(tail_buffers - {-1}):  # calibrated storage of code run as written
                 total += tail_extra_bytes(g, b) * self.in_tail(g.position_of(b))
             for u in g.units:  # and its transposes' forward scratch
-                total += held_forward_scratch(g, u.index) * self.in_tail(u.position)
+                if held_forward_scratch(g, u.index):
+                    total += held_forward_scratch(g, u.index) * self.in_tail(u.position)
         crossing: dict[int, list] = {}  # buffer -> literals: a value laid over it is stored across a cut
         for v, chain in self.cross.items():
             lits = [lit for q, lit in chain if q <= e]
