@@ -33,7 +33,7 @@ def forbid_planning(monkeypatch):
     """Makes every way planning solves or compiles raise (solves, XLA's measure and facts, FLOP counts)."""
     for name in ("solve", "min_peak_schedule", "low_memory_schedules", "read_plain", "gradient_flops"):
         monkeypatch.setattr(optimize_module, name, _refuse(name))
-    monkeypatch.setattr(mesh_module, "peak_bytes", _refuse("peak_bytes"))  # every program's measure
+    monkeypatch.setattr(mesh_module, "compiled_figures", _refuse("compiled_figures"))  # every program's measure
 
 
 def _same_plan(loaded, made):

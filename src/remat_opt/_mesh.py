@@ -18,8 +18,8 @@ import jax
 
 from ._errors import InfeasibleBudgetError
 from ._plan import Plan
-from .memory._compiles import compiled_figures
-from .memory._measure import abstract, gradient_step, memory_of, mesh_sharding, peak_bytes
+from .memory._compiles import compile_for_figures, compiled_figures
+from .memory._measure import abstract, gradient_step, memory_of, mesh_sharding
 from .memory._sharded import Partitioned, collective_bytes, collective_decisions
 from .program._cost import Interconnect
 from .program._graph import ProgramGraph
@@ -27,25 +27,35 @@ from .program._graph import ProgramGraph
 Measure = Callable[[Callable[..., Any]], int]
 
 
-def _peak_and_collectives(lowered: Any) -> tuple[int, int]:
-    compiled = lowered.compile()
-    return memory_of(compiled), collective_bytes(compiled.as_text())
-
-
-def measurer(args: tuple, kwargs: dict, nums: Any, has_aux: bool, collectives: dict[int, int] | None) -> Measure:
+def measurer(args: tuple, kwargs: dict, nums: Any, has_aux: bool, collectives: dict[int, int] | None,
+             figures_only: bool = False) -> Measure:
     """XLA's peak of a program's gradient step on these arguments; with
     ``collectives`` (a sharded program), each program's collective bytes too,
-    by its id (the programs are kept alive while the ids stand for them)."""
+    by its id (the programs are kept alive while the ids stand for them).
+    With ``figures_only``, each program is compiled with
+    :data:`remat_opt.memory._compiles.FIGURES_ONLY`: the same figures, sooner."""
     measured: list[Callable[..., Any]] = []
 
+    def compiled(lowered: Any) -> Any:
+        return compile_for_figures(lowered) if figures_only else lowered.compile()
+
+    def peak(lowered: Any) -> int:
+        return memory_of(compiled(lowered))
+
+    def peak_and_collectives(lowered: Any) -> tuple[int, int]:
+        program = compiled(lowered)
+        return memory_of(program), collective_bytes(program.as_text())
+
+    suffix = ", figures only" if figures_only else ""
+
     def measure(f: Callable[..., Any]) -> int:
-        if collectives is None:
-            return peak_bytes(f, *args, argnums=nums, has_aux=has_aux, **kwargs)
         step, step_args, step_kwargs = gradient_step(f, args, kwargs, nums, has_aux)
         lowered = jax.jit(step).lower(*abstract(step_args), **abstract(step_kwargs))
-        peak, collectives[id(f)] = compiled_figures(lowered, "peak and collectives", _peak_and_collectives)
+        if collectives is None:
+            return compiled_figures(lowered, "peak" + suffix, peak)  # "peak": as remat_opt.peak_bytes keeps it
+        figure, collectives[id(f)] = compiled_figures(lowered, "peak and collectives" + suffix, peak_and_collectives)
         measured.append(f)
-        return peak
+        return figure
 
     return measure
 

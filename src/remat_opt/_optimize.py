@@ -37,6 +37,7 @@ from ._plan import Plan, annotate
 from ._policy_planning import PolicyCandidate, counted_policies, measured_policies, within_reach
 from ._restore import restored
 from ._schedule import Schedule, Simulation
+from ._verify import verified
 from .memory._facts import check_known, model_graph, read_plain, unknown_of, with_memory_facts
 from .memory._measure import abstract, gradient_flops, mesh_sharding
 from .memory._once import once_values
@@ -168,9 +169,19 @@ class OptimizedFunction:
         graph = with_memory_facts(graph, compiled)
 
         collectives: dict[int, int] = {}  # on a mesh, per measured program's id: XLA's collective bytes
-        measure = measurer(args, kwargs, nums, self.has_aux, collectives if partitioned is not None else None)
+        on_mesh = collectives if partitioned is not None else None
+        # Candidates are compiled for their figures only; the plan returned, as the user's jit compiles it.
+        measure = measurer(args, kwargs, nums, self.has_aux, on_mesh, figures_only=True)
+        verify = measurer(args, kwargs, nums, self.has_aux, on_mesh)
+        # The program read for the model's facts is fn's, and its peak fn's, unless scans were unrolled for it.
+        plain_peak = compiled.peak_bytes if compiled and not traced.unrolled_scans and partitioned is None else None
+
+        def search(measure: Callable[[Callable[..., Any]], int]) -> tuple[Plan, Callable[..., Any]]:
+            return self._search(traced, whole, graph, args, kwargs, argnums, nums, measure, compiled,
+                                plain_peak or measure(self.fn))
+
         try:
-            planned = self._search(traced, whole, graph, args, kwargs, argnums, nums, measure, compiled)
+            planned = verified(search(measure), verify, self.budget_bytes, lambda: search(verify))
         except InfeasibleBudgetError as err:
             if partitioned is None:
                 raise
@@ -183,11 +194,10 @@ class OptimizedFunction:
 
     def _search(self, traced: TracedProgram, whole: TracedProgram, graph: ProgramGraph, args: tuple, kwargs: dict,
                 argnums: tuple[int, ...], nums: Any, measure: Callable[[Callable[..., Any]], int],
-                compiled: Any) -> tuple[Plan, Callable[..., Any]]:
+                compiled: Any, plain_peak: int) -> tuple[Plan, Callable[..., Any]]:
         """The plan that fits with the fewest recomputed FLOPs, of all strategies measured."""
 
         baseline_flops = gradient_flops(self.fn, args, kwargs, nums, self.cost_model, self.has_aux)
-        plain_peak = measure(self.fn)
         logger.info("%s: %d equations, plain peak %s on XLA, budget %s", getattr(self.fn, "__name__", "fn"),
                     len(traced.jaxpr.jaxpr.eqns), format_bytes(plain_peak), format_bytes(self.budget_bytes))
         # The model is calibrated on the flat program as written; with scans

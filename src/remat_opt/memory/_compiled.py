@@ -36,7 +36,7 @@ from typing import Any
 import jax
 from jax.experimental.compilation_cache import compilation_cache
 
-from ._compiles import compiled_figures
+from ._compiles import compile_for_figures, compiled_figures
 from ._hlo import EQN, PASS_THROUGH, Instruction, array_bytes, origin, parse_module
 from ._measure import memory_of
 from ._scratch import transpose_scratch
@@ -258,7 +258,7 @@ def _dumped(lowered: Any, *suffixes: str) -> tuple[Any, list[str | None]]:
     """``lowered`` compiled with XLA's dump on, and per suffix the text of the
     dumped file whose name ends with it (``None`` if XLA wrote none)."""
     with tempfile.TemporaryDirectory(prefix="remat_opt_xla_") as folder, _compiled_afresh():
-        compiled = lowered.compile(compiler_options={"xla_dump_to": folder})
+        compiled = compile_for_figures(lowered, xla_dump_to=folder)
         texts = []
         for suffix in suffixes:
             dumps = sorted(Path(folder).glob(f"*{suffix}"))

@@ -24,6 +24,17 @@ import jax
 
 T = TypeVar("T")
 
+FIGURES_ONLY = {"xla_backend_optimization_level": 0}
+"""Compiler options for a program compiled only for its figures (a candidate
+plan, the program read for the model's facts): LLVM's optimization off. XLA
+fuses, schedules and assigns buffers on the optimized HLO, before its
+backend's code generation reads this option, so the memory figures are the
+same (checked on every development and held-out program, docs/measurements.md,
+"Candidates compiled without LLVM's optimization") and a compile on XLA:CPU
+takes about half the time. The plan returned is compiled again as the user's
+``jax.jit`` will compile it, and that figure is the one reported.
+"""
+
 KEPT = 1024
 """Figures kept, the least recently used dropped first (each is a few numbers)."""
 
@@ -35,6 +46,12 @@ def _digest(lowered: Any) -> str:
     devices = ",".join(f"{d.platform}:{d.device_kind}" for d in jax.devices())
     text = "\n".join((lowered.as_text(), devices, os.environ.get("XLA_FLAGS", ""), jax.__version__))
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def compile_for_figures(lowered: Any, **options: Any) -> Any:
+    """``lowered`` compiled with :data:`FIGURES_ONLY` (a field of XLA's debug
+    options on every backend) and ``options``."""
+    return lowered.compile(compiler_options={**FIGURES_ONLY, **options})
 
 
 def compiled_figures(lowered: Any, kind: str, figures: Callable[[Any], T]) -> T:
