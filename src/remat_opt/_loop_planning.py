@@ -15,7 +15,8 @@ Two families (:class:`remat_opt.rewrite._loops.LoopPlan`):
   budget) per iteration; under it by more than :data:`TIGHT`, over it by what
   is left. XLA often keeps less than the saved bytes suggest (a saved value
   can spare the backward a buffer of its own), so when the solver returns a
-  set already measured, the step is doubled, up to 8 times what is left,
+  set already measured, or one that recomputes no less than a set that fits
+  (not worth a compile), the step is doubled, up to 8 times what is left,
   and the measurement decides. When saving nothing is itself over the
   budget, the sum says no set fits, yet XLA can hold less for a set than for
   none: a saved value can split the body's backward in two, so that one part
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -148,9 +150,19 @@ def loop_plans(search: LoopSearch, ceiling_flops: int | None = None) -> list[Loo
     lengths = scan_lengths(search.whole)
     if not lengths:
         return []
-    candidates = [(*search.program(loop), loop) for loop in loop_candidates(lengths)]
-    if ceiling_flops is not None:
-        candidates = [c for c in candidates if c[0] < ceiling_flops]
+    candidates = []
+    unnested = {}  # policy -> FLOPs of its plan without nesting
+    # Without nesting first: nesting a policy's plan recomputes all it did and
+    # each group's forward, so a plan whose policy alone reaches the ceiling is not traced.
+    for loop in sorted(loop_candidates(lengths), key=lambda loop: loop.chunks > 1):
+        floor = unnested.get(loop.policy, 0) if loop.chunks > 1 else 0
+        if ceiling_flops is not None and floor >= ceiling_flops:
+            continue
+        flops, program = search.program(loop)
+        if loop.chunks == 1:
+            unnested[loop.policy] = flops
+        if ceiling_flops is None or flops < ceiling_flops:
+            candidates.append((flops, program, loop))
     plans = []
     for flops, program, loop in sorted(candidates, key=lambda c: c[0]):  # stable: ties keep their order
         measured = search.measure(program)
@@ -180,6 +192,7 @@ def body_plans(search: LoopSearch, options: SolverOptions, max_attempts: int) ->
                 len(graph.units), body.length, format_bytes(floor))
     cap, seen, stretch, compiles = (search.budget - floor) // body.length, {()}, 1, 0
     measured = floor  # the last set measured: saving nothing, so far
+    fitting_flops = math.inf  # per iteration, of the cheapest set measured under the budget
     # Saving nothing is over the budget: probe sets of one carry's bytes, then twice that, ...
     probing = floor > search.budget and body.carry_bytes > 0
     if probing:
@@ -190,7 +203,8 @@ def body_plans(search: LoopSearch, options: SolverOptions, max_attempts: int) ->
         start = time.perf_counter()
         choice = choose_saved(graph, cap, options)
         seconds = time.perf_counter() - start
-        if choice.saved in seen:  # the same set again: reach further, or stop
+        # The same set again, or one no cheaper than a set that fits: reach further, or stop.
+        if choice.saved in seen or choice.recompute_flops >= fitting_flops:
             if probing:
                 cap *= 2
                 continue
@@ -208,6 +222,8 @@ def body_plans(search: LoopSearch, options: SolverOptions, max_attempts: int) ->
                     compiles, max_attempts, len(choice.saved), format_bytes(choice.saved_bytes), choice.status,
                     format_bytes(measured), format_bytes(search.budget))
         plans.append(LoopCandidate(loop, program, flops, measured, choice.status, choice.gap, seconds, compiles))
+        if measured <= search.budget:
+            fitting_flops = min(fitting_flops, choice.recompute_flops)
         if search.budget - TIGHT * search.budget <= measured <= search.budget:
             break
         if probing and measured > search.budget:  # lower than the last probe: probe twice the bytes

@@ -48,15 +48,18 @@ from .program._graph import ProgramGraph, build_graph
 from .program._static import Static, split
 from .program._trace import TracedProgram, normalize_argnums, trace
 from .rewrite._apply import apply_schedule
-from .solve._outside import outside_tiers
+from .solve._outside import outside_tiers, reach
 from .solve._solve import SolverOptions, low_memory_schedules, min_peak_schedule, solve
 
 
 @dataclass
 class SolverClock:
-    """Seconds spent in solvers during one planning call, whichever plan wins."""
+    """What one planning call's solves have shown: the seconds spent in solvers,
+    whichever plan wins, and how far the model over-predicted each of CP-SAT's
+    schedules that XLA measured (bytes; negative: under)."""
 
     seconds: float = 0.0
+    over_predicted: list[int] = dataclasses.field(default_factory=list)
 
     def add(self, seconds: float) -> float:
         """Counts ``seconds``; returns them."""
@@ -246,7 +249,7 @@ class OptimizedFunction:
         planned_flops = planned[0].measured_recompute_flops if planned is not None else None
         ceiling = min((c for c in (planned_flops, loop_ceiling) if c is not None), default=None)
         other, lowest_other = self._measured_schedules(graph, budget, ceiling, measure, args, kwargs, nums,
-                                                       baseline_flops, plain_peak)
+                                                       baseline_flops, plain_peak, clock.over_predicted)
         # The fewest recomputed FLOPs wins; on a tie, CP-SAT's schedule, then the others,
         # then a whole-function policy (measured only when it recomputes less).
         choices = [p for p in (planned, other, best_loop) if p is not None]
@@ -289,19 +292,23 @@ class OptimizedFunction:
 
     def _measured_schedules(self, graph: ProgramGraph, budget: int, ceiling_flops: int | None,
                             measure: Callable[[Callable[..., Any]], int], args: tuple, kwargs: dict, nums: Any,
-                            baseline_flops: int, plain_peak: int) -> tuple[tuple[Plan, Callable[..., Any]] | None,
-                                                                            tuple[Plan, Callable[..., Any]] | None]:
+                            baseline_flops: int, plain_peak: int, over_predicted: list[int],
+                            ) -> tuple[tuple[Plan, Callable[..., Any]] | None, tuple[Plan, Callable[..., Any]] | None]:
         """The cheapest schedule outside CP-SAT's search that XLA fits in ``budget``
         with fewer recomputed FLOPs than ``ceiling_flops``, if any; and the
         lowest-memory one XLA measured, for the error when nothing fits.
 
         The model ranks them in tiers (:func:`remat_opt.solve._outside.outside_tiers`:
-        within :attr:`MODEL_SLACK` of the budget, the cheapest first; then, when
-        nothing else fits, the lowest), at most :attr:`MEASURED_CANDIDATES` each;
-        XLA decides.
+        within reach of the budget, the cheapest first; then, when nothing else
+        fits, the lowest), at most :attr:`MEASURED_CANDIDATES` each; XLA decides.
+        The reach is the model's largest over-prediction among CP-SAT's plans
+        measured in this call (``over_predicted``, bytes), with a margin of
+        :attr:`RELAX_SLACK`, up to :attr:`MODEL_SLACK`
+        (:func:`remat_opt.solve._outside.reach`).
         """
         started = time.perf_counter()
-        tiers = outside_tiers(graph, budget, ceiling_flops, self.MODEL_SLACK, self.MEASURED_CANDIDATES)
+        slack = reach(over_predicted, budget, self.MODEL_SLACK, self.RELAX_SLACK)
+        tiers = outside_tiers(graph, budget, ceiling_flops, slack, self.MEASURED_CANDIDATES)
         seconds = time.perf_counter() - started
         measured_plans = []
         for tier in tiers:
@@ -343,7 +350,8 @@ class OptimizedFunction:
 
         ``None`` when a plan of ``ceiling_flops`` already fits and the model
         counts that many or more for CP-SAT's schedule (a tightened target only
-        costs more) or for every lowest-memory schedule left to measure.
+        costs more), or, for every lowest-memory schedule left to measure, that
+        many or more or a peak beyond :attr:`MODEL_SLACK` of the budget.
         """
         target, solve_seconds, bound, lowest, solves = budget, 0.0, 0.0, None, 0
         best: tuple[Plan, Callable[..., Any]] | None = None
@@ -371,9 +379,10 @@ class OptimizedFunction:
                 break  # the target moved, the plan did not
             seen.add(solution.schedule)
             program = self._program(graph, solution.schedule)
-            measured = measure(program)
+            measured, predicted = measure(program), simulate(graph, solution.schedule).peak_bytes
+            clock.over_predicted.append(predicted - measured)
             logger.info("measured on XLA: %s against a budget of %s (predicted %s)", format_bytes(measured),
-                        format_bytes(budget), format_bytes(simulate(graph, solution.schedule).peak_bytes))
+                        format_bytes(budget), format_bytes(predicted))
             if measured <= budget:
                 sim = simulate(graph, solution.schedule)
                 plan = self._finish(graph, sim, solution.schedule, measured, plain_peak, program, args, kwargs,
@@ -407,16 +416,19 @@ class OptimizedFunction:
             started = time.perf_counter()
             lowest = min_peak_schedule(graph, self.solver_options)
             solve_seconds += clock.add(time.perf_counter() - started)
-        flops = {c: simulate(graph, c).recompute_flops
-                 for c in low_memory_schedules(graph, lowest, self.FALLBACK_CANDIDATES)}
-        if ceiling_flops is not None:
-            flops = {c: f for c, f in flops.items() if f < ceiling_flops}
+        sims = {c: simulate(graph, c) for c in low_memory_schedules(graph, lowest, self.FALLBACK_CANDIDATES)}
+        flops = {c: sim.recompute_flops for c, sim in sims.items()}
+        if ceiling_flops is not None:  # a plan fits: only a cheaper one within the model's slack is worth a compile
+            slack = budget * (1 + self.MODEL_SLACK)
+            flops = {c: f for c, f in flops.items() if f < ceiling_flops and sims[c].peak_bytes <= slack}
             if not flops:
                 return None
         tried = []
-        for candidate, candidate_flops in flops.items():
+        for k, (candidate, candidate_flops) in enumerate(flops.items(), 1):
             program = self._program(graph, candidate)
             tried.append((measure(program), candidate_flops, candidate, program))
+            logger.info("lowest-memory schedule %d/%d: measured %s, predicted %s", k, len(flops),
+                        format_bytes(tried[-1][0]), format_bytes(sims[candidate].peak_bytes))
         fitting = [t for t in tried if t[0] <= budget]
         if not fitting:
             measured, _, schedule, _ = min(tried, key=lambda t: t[:2])
