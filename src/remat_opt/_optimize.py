@@ -176,12 +176,9 @@ class OptimizedFunction:
         # Candidates are compiled for their figures only; the plan returned, as the user's jit compiles it.
         measure = measurer(args, kwargs, nums, self.has_aux, on_mesh, figures_only=True)
         verify = measurer(args, kwargs, nums, self.has_aux, on_mesh)
-        # The program read for the model's facts is fn's, and its peak fn's, unless scans were unrolled for it.
-        plain_peak = compiled.peak_bytes if compiled and not traced.unrolled_scans and partitioned is None else None
 
         def search(measure: Callable[[Callable[..., Any]], int]) -> tuple[Plan, Callable[..., Any]]:
-            return self._search(traced, whole, graph, args, kwargs, argnums, nums, measure, compiled,
-                                plain_peak or measure(self.fn))
+            return self._search(traced, whole, graph, args, kwargs, argnums, nums, measure, compiled)
 
         try:
             planned = verified(search(measure), verify, self.budget_bytes, lambda: search(verify))
@@ -197,10 +194,12 @@ class OptimizedFunction:
 
     def _search(self, traced: TracedProgram, whole: TracedProgram, graph: ProgramGraph, args: tuple, kwargs: dict,
                 argnums: tuple[int, ...], nums: Any, measure: Callable[[Callable[..., Any]], int],
-                compiled: Any, plain_peak: int) -> tuple[Plan, Callable[..., Any]]:
+                compiled: Any) -> tuple[Plan, Callable[..., Any]]:
         """The plan that fits with the fewest recomputed FLOPs, of all strategies measured."""
 
         baseline_flops = gradient_flops(self.fn, args, kwargs, nums, self.cost_model, self.has_aux)
+        # fn's own: the program read for the facts, re-evaluated equation by equation, can peak elsewhere.
+        plain_peak = measure(self.fn)
         logger.info("%s: %d equations, plain peak %s on XLA, budget %s", getattr(self.fn, "__name__", "fn"),
                     len(traced.jaxpr.jaxpr.eqns), format_bytes(plain_peak), format_bytes(self.budget_bytes))
         # The model is calibrated on the flat program as written; with scans
