@@ -105,6 +105,7 @@ nested ones are simulated here and measured.
 from __future__ import annotations
 
 import dataclasses
+import weakref
 
 from ._branch import live_per_segment
 from ._fusion import materialized, read_by_backward
@@ -284,7 +285,26 @@ def _read_copies(
     return out
 
 
+_simulations: dict[int, dict[tuple[Schedule, bool], Simulation]] = {}
+"""Per live graph (by id, dropped with it): the simulations made on it. The
+planner asks for the same schedule many times (a Chen segmentation, by every
+solve and every tier), and a simulation is a function of the two."""
+
+
 def simulate(graph: ProgramGraph, schedule: Schedule, *, planning: bool = False) -> Simulation:
+    """Predicts peak bytes and recompute FLOPs of ``schedule`` on ``graph``
+    (:func:`simulated`), once per graph, schedule and ``planning``."""
+    made = _simulations.get(id(graph))
+    if made is None:
+        made = _simulations[id(graph)] = {}
+        weakref.finalize(graph, _simulations.pop, id(graph), None)
+    key = (schedule, planning)
+    if key not in made:
+        made[key] = simulated(graph, schedule, planning=planning)
+    return made[key]
+
+
+def simulated(graph: ProgramGraph, schedule: Schedule, *, planning: bool = False) -> Simulation:
     """Predicts peak bytes and recompute FLOPs of ``schedule`` on ``graph``.
 
     With ``planning``, the model CP-SAT plans with (:mod:`remat_opt.solve._encoding`
