@@ -48,18 +48,15 @@ from .program._graph import ProgramGraph, build_graph
 from .program._static import Static, split
 from .program._trace import TracedProgram, normalize_argnums, trace
 from .rewrite._apply import apply_schedule
-from .solve._outside import outside_tiers, reach
+from .solve._outside import outside_tiers
 from .solve._solve import SolverOptions, low_memory_schedules, min_peak_schedule, solve
 
 
 @dataclass
 class SolverClock:
-    """What one planning call's solves have shown: the seconds spent in solvers,
-    whichever plan wins, and how far the model over-predicted each of CP-SAT's
-    schedules that XLA measured (bytes; negative: under)."""
+    """Seconds spent in solvers during one planning call, whichever plan wins."""
 
     seconds: float = 0.0
-    over_predicted: list[int] = dataclasses.field(default_factory=list)
 
     def add(self, seconds: float) -> float:
         """Counts ``seconds``; returns them."""
@@ -248,7 +245,7 @@ class OptimizedFunction:
         planned_flops = planned[0].measured_recompute_flops if planned is not None else None
         ceiling = min((c for c in (planned_flops, loop_ceiling) if c is not None), default=None)
         other, lowest_other = self._measured_schedules(graph, budget, ceiling, measure, args, kwargs, nums,
-                                                       baseline_flops, plain_peak, clock.over_predicted)
+                                                       baseline_flops, plain_peak)
         # The fewest recomputed FLOPs wins; on a tie, CP-SAT's schedule, then the others,
         # then a whole-function policy (measured only when it recomputes less).
         choices = [p for p in (planned, other, best_loop) if p is not None]
@@ -291,23 +288,19 @@ class OptimizedFunction:
 
     def _measured_schedules(self, graph: ProgramGraph, budget: int, ceiling_flops: int | None,
                             measure: Callable[[Callable[..., Any]], int], args: tuple, kwargs: dict, nums: Any,
-                            baseline_flops: int, plain_peak: int, over_predicted: list[int],
-                            ) -> tuple[tuple[Plan, Callable[..., Any]] | None, tuple[Plan, Callable[..., Any]] | None]:
+                            baseline_flops: int, plain_peak: int) -> tuple[tuple[Plan, Callable[..., Any]] | None,
+                                                                            tuple[Plan, Callable[..., Any]] | None]:
         """The cheapest schedule outside CP-SAT's search that XLA fits in ``budget``
         with fewer recomputed FLOPs than ``ceiling_flops``, if any; and the
         lowest-memory one XLA measured, for the error when nothing fits.
 
         The model ranks them in tiers (:func:`remat_opt.solve._outside.outside_tiers`:
-        within reach of the budget, the cheapest first; then, when nothing else
-        fits, the lowest), at most :attr:`MEASURED_CANDIDATES` each; XLA decides.
-        The reach is the model's largest over-prediction among CP-SAT's plans
-        measured in this call (``over_predicted``, bytes), with a margin of
-        :attr:`RELAX_SLACK`, up to :attr:`MODEL_SLACK`
-        (:func:`remat_opt.solve._outside.reach`).
+        within :attr:`MODEL_SLACK` of the budget, the cheapest first; then, when
+        nothing else fits, the lowest), at most :attr:`MEASURED_CANDIDATES` each;
+        XLA decides.
         """
         started = time.perf_counter()
-        slack = reach(over_predicted, budget, self.MODEL_SLACK, self.RELAX_SLACK)
-        tiers = outside_tiers(graph, budget, ceiling_flops, slack, self.MEASURED_CANDIDATES)
+        tiers = outside_tiers(graph, budget, ceiling_flops, self.MODEL_SLACK, self.MEASURED_CANDIDATES)
         seconds = time.perf_counter() - started
         measured_plans = []
         for tier in tiers:
@@ -379,7 +372,6 @@ class OptimizedFunction:
             seen.add(solution.schedule)
             program = self._program(graph, solution.schedule)
             measured, predicted = measure(program), simulate(graph, solution.schedule).peak_bytes
-            clock.over_predicted.append(predicted - measured)
             logger.info("measured on XLA: %s against a budget of %s (predicted %s)", format_bytes(measured),
                         format_bytes(budget), format_bytes(predicted))
             if measured <= budget:

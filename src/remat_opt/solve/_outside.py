@@ -20,21 +20,6 @@ from ._policy_saves import policy_schedules
 Tier = list[tuple[Schedule, Simulation]]
 
 
-def reach(over_predicted: list[int], budget: int, slack: float, margin: float) -> float:
-    """How far over ``budget`` (a share of it) the model may put a schedule
-    still worth measuring, from its errors on this program so far.
-
-    ``over_predicted``: by how many bytes the model over-predicted each
-    schedule of this call that XLA measured (negative: under). With none,
-    ``slack``, the most the model has been seen to over-predict a schedule.
-    Otherwise the largest over-prediction seen here, plus ``margin`` (these
-    schedules are segmented unlike CP-SAT's), and never more than ``slack``.
-    """
-    if not over_predicted:
-        return slack
-    return min(slack, max(0, max(over_predicted)) / budget + margin)
-
-
 def outside_tiers(graph: ProgramGraph, budget: int, ceiling_flops: int | None, slack: float,
                   per_tier: int) -> list[Tier]:
     """The schedules worth measuring, with the model's simulation of each, in tiers.
