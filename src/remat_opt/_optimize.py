@@ -20,7 +20,6 @@ import logging
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import jax
@@ -37,43 +36,19 @@ from ._plan import Plan, annotate
 from ._policy_planning import PolicyCandidate, counted_policies, measured_policies, within_reach
 from ._restore import restored
 from ._schedule import Schedule, Simulation
+from ._signature import Signature, signature
 from ._verify import verified
 from .memory._facts import check_known, model_graph, read_plain, unknown_of, with_memory_facts
-from .memory._measure import abstract, gradient_flops, mesh_sharding
+from .memory._measure import abstract, gradient_flops
 from .memory._once import once_values
 from .memory._sharded import sharded_graph, with_shardings
 from .memory._simulate import calibrate, simulate
 from .program._cost import CostModel, Interconnect
 from .program._graph import ProgramGraph, build_graph
-from .program._static import Static, split
 from .program._trace import TracedProgram, normalize_argnums, trace
 from .rewrite._apply import apply_schedule
 from .solve._outside import outside_tiers
-from .solve._solve import SolverOptions, low_memory_schedules, min_peak_schedule, solve
-
-
-@dataclass
-class SolverClock:
-    """Seconds spent in solvers during one planning call, whichever plan wins."""
-
-    seconds: float = 0.0
-
-    def add(self, seconds: float) -> float:
-        """Counts ``seconds``; returns them."""
-        self.seconds += seconds
-        return seconds
-
-
-@dataclass(frozen=True)
-class _Signature:
-    static: Static  # the tree structure and its static leaves (by equality, or identity)
-    avals: tuple[tuple[tuple[int, ...], str, Any], ...]  # shape, dtype, sharding over a mesh (or None)
-
-
-def _signature(args: tuple, kwargs: dict) -> _Signature:
-    leaves, static = split((args, kwargs))
-    return _Signature(static, tuple((tuple(jax.numpy.shape(x)), str(jax.numpy.result_type(x)), mesh_sharding(x))
-                                    for x in leaves))
+from .solve._solve import SolverClock, SolverOptions, low_memory_schedules, min_peak_schedule, solve
 
 
 logger = logging.getLogger("remat_opt")
@@ -121,7 +96,7 @@ class OptimizedFunction:
         self.cache = cache
         self.interconnect = interconnect or Interconnect()
         self.in_shardings = in_shardings
-        self._cache: dict[_Signature, tuple[Plan, Callable[..., Any]]] = {}
+        self._cache: dict[Signature, tuple[Plan, Callable[..., Any]]] = {}
         functools.update_wrapper(self, fn)
 
     FALLBACK_CANDIDATES = 4
@@ -143,7 +118,7 @@ class OptimizedFunction:
         except TypeError:  # a leaf JAX cannot trace (a string array): the typed error names it
             check_call(self.fn, args, kwargs, self.argnums, self.has_aux)
             raise
-        key = _signature(specs, kwargs_specs)
+        key = signature(specs, kwargs_specs)
         if key not in self._cache:
             twin = sharded_twin(self._cache, key)
             if twin is not None:
