@@ -19,7 +19,7 @@ import jax
 from ._errors import InfeasibleBudgetError
 from ._plan import Plan
 from .memory._compiles import compile_for_figures, compiled_figures
-from .memory._measure import abstract, gradient_step, memory_of, mesh_sharding
+from .memory._measure import memory_of, mesh_sharding, traced_step
 from .memory._sharded import Partitioned, collective_bytes, collective_decisions
 from .program._cost import Interconnect
 from .program._graph import ProgramGraph
@@ -49,8 +49,7 @@ def measurer(args: tuple, kwargs: dict, nums: Any, has_aux: bool, collectives: d
     suffix = ", figures only" if figures_only else ""
 
     def measure(f: Callable[..., Any]) -> int:
-        step, step_args, step_kwargs = gradient_step(f, args, kwargs, nums, has_aux)
-        lowered = jax.jit(step).lower(*abstract(step_args), **abstract(step_kwargs))
+        lowered = traced_step(f, args, kwargs, nums, has_aux).lower()
         if collectives is None:
             return compiled_figures(lowered, "peak" + suffix, peak)  # "peak": as remat_opt.peak_bytes keeps it
         figure, collectives[id(f)] = compiled_figures(lowered, "peak and collectives" + suffix, peak_and_collectives)

@@ -17,10 +17,12 @@ leaves are closed over.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+from jax._src import config as jax_config
 from jax._src.interpreters import partial_eval as pe
 
 from ..program._cost import CostModel, jaxpr_flops
@@ -88,6 +90,35 @@ def gradient_step(
     return jax.value_and_grad(step, has_aux=has_aux), picked, {}
 
 
+_traces: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""Per function, its gradient steps traced, by ``argnums``, ``has_aux`` and argument signature."""
+
+
+def traced_step(fn: Callable[..., Any], args: tuple, kwargs: dict, argnums: int | Sequence[int],
+                has_aux: bool) -> jax.stages.Traced:
+    """``jax.jit`` of :func:`gradient_step` traced on the arguments' abstract values.
+
+    Kept while ``fn`` lives (as ``jax.jit`` keeps its traces): the planner
+    counts a candidate's FLOPs on this jaxpr and compiles its lowering, and
+    tracing a rewritten program costs about as much as either. Arguments
+    with the same shapes, dtypes, shardings and static leaves share a trace,
+    under the same JAX configuration (``jax.jit``'s own trace context: x64,
+    default matmul precision...).
+    """
+    leaves, static = split((args, kwargs))
+    context = getattr(jax_config, "trace_context", tuple)()
+    key = (context, repr(argnums), has_aux, static, tuple((jax.numpy.shape(x), str(jax.numpy.result_type(x)),
+                                                  mesh_sharding(x)) for x in leaves))
+    try:
+        per_fn = _traces.setdefault(fn, {})
+    except TypeError:  # not weakly referenceable: traced each time
+        per_fn = {}
+    if key not in per_fn:
+        step, step_args, step_kwargs = gradient_step(fn, args, kwargs, argnums, has_aux)
+        per_fn[key] = jax.jit(step).trace(*abstract(step_args), **abstract(step_kwargs))
+    return per_fn[key]
+
+
 def peak_bytes(
     fn: Callable[..., Any], *args: Any, argnums: int | Sequence[int] = 0, has_aux: bool = False, **kwargs: Any
 ) -> int:
@@ -112,8 +143,7 @@ def peak_bytes(
         >>> remat_opt.peak_bytes(lambda w: jnp.sum(jnp.tanh(w)), jnp.ones(1024)) > 0
         True
     """
-    step, args, kwargs = gradient_step(fn, args, kwargs, argnums, has_aux)
-    lowered = jax.jit(step).lower(*abstract(args), **abstract(kwargs))
+    lowered = traced_step(fn, args, kwargs, argnums, has_aux).lower()
     return compiled_figures(lowered, "peak", lambda low: memory_of(low.compile()))  # once per distinct program
 
 
@@ -140,7 +170,6 @@ def gradient_flops(
     computes for a tangent that a ``stop_gradient`` then discards, and whether
     it does depends on how the program is nested in ``jit`` calls.
     """
-    step, args, kwargs = gradient_step(fn, tuple(args), kwargs, argnums, has_aux)
-    closed = jax.make_jaxpr(step)(*abstract(args), **abstract(kwargs))
+    closed = traced_step(fn, tuple(args), kwargs, argnums, has_aux).jaxpr
     live, _ = pe.dce_jaxpr(closed.jaxpr, [True] * len(closed.jaxpr.outvars), instantiate=True)
     return jaxpr_flops(live, cost_model)
