@@ -105,6 +105,13 @@ def test_mlp_budget_between_min_and_plain(small_mlp):
     plan = step.plan(params, x)
     assert plan.measured_peak_bytes <= plan.budget_bytes
     assert max_abs_diff(jax.grad(step)(params, x), jax.grad(fn)(params, x)) < 1e-6
+    # Planned for argnums=0, differentiated in x too: x's cotangent crosses the fenced segments.
+    assert not plan.schedule.plain
+    want = jax.grad(fn, argnums=1)(params, x)
+    assert float(jnp.max(jnp.abs(want))) > 0
+    assert max_abs_diff(jax.grad(step, argnums=1)(params, x), want) < 1e-6
+    assert max_abs_diff(jax.vjp(step, params, x)[1](1.0)[1], want) < 1e-6
+    assert max_abs_diff(jax.jit(jax.grad(step, argnums=(0, 1)))(params, x), jax.grad(fn, argnums=(0, 1))(params, x)) < 1e-6
 
 
 def test_infeasible_budget_names_a_feasible_one(small_mlp):

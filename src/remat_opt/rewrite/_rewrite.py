@@ -30,7 +30,9 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
+from jax.custom_derivatives import SymbolicZero
 from jax._src import core
 
 from ..program._graph import ProgramGraph
@@ -55,6 +57,17 @@ def _first_elements(tree: Any) -> list[jax.Array]:
     """The first element of every non-empty floating leaf of ``tree``."""
     return [first_element(leaf) for leaf in jax.tree_util.tree_leaves(tree)
             if hasattr(leaf, "dtype") and jnp.issubdtype(leaf.dtype, jnp.inexact) and leaf.size]
+
+
+def _instantiated(cotangents: Any) -> Any:
+    """``cotangents`` with JAX's symbolic zeros (outputs nothing reads) as arrays of zeros, as
+    ``jax.custom_vjp`` passes them without ``symbolic_zeros``."""
+    def array(c: Any) -> Any:
+        if not isinstance(c, SymbolicZero):
+            return c
+        return np.zeros(c.shape, c.dtype) if c.dtype == jax.dtypes.float0 else jnp.zeros(c.shape, c.dtype)
+
+    return jax.tree_util.tree_map(array, cotangents, is_leaf=lambda c: isinstance(c, SymbolicZero))
 
 
 def _fence_predicate(probes: Sequence[jax.Array | None]) -> jax.Array | None:
@@ -108,26 +121,30 @@ def fenced_checkpoint(
     def call(*args: Any) -> Any:
         return fn(*args)
 
-    def fwd(*args: Any) -> tuple[Any, Any]:
-        mask = (True,) * len(args) if differentiable is None else tuple(differentiable)
+    def fwd(*primals: Any) -> tuple[Any, Any]:
+        args = tuple(p.value for p in primals)
+        # The arguments to transpose: the planned ones, and any other a caller differentiates
+        # (jax.grad(step, argnums=1) on a plan made for argnums=0), or its cotangent would be zero.
+        mask = (True,) * len(args) if differentiable is None else tuple(
+            d or p.perturbed for d, p in zip(differentiable, primals))
 
         def of_differentiable(*diff: Any) -> Any:
             it = iter(diff)
             return remat(*(next(it) if d else a for a, d in zip(args, mask)))
 
         out, vjp_fn = jax.vjp(of_differentiable, *(a for a, d in zip(args, mask) if d))
-        return out, (vjp_fn, _first_elements(out)[:1] if probe_output else [])
+        # The mask rides in the residuals' tree structure (() or None per argument): static, leafless.
+        return out, (vjp_fn, _first_elements(out)[:1] if probe_output else [], tuple(() if d else None for d in mask))
 
     def bwd(res: Any, cotangents: Any) -> Any:
-        vjp_fn, out_probe = res
+        vjp_fn, out_probe, marks = res
+        cotangents = _instantiated(cotangents)
         pred = _fence_predicate([*_first_elements(cotangents), *out_probe])
         cts = vjp_fn(cotangents) if pred is None else lax.cond(pred, vjp_fn, vjp_fn, cotangents)
-        if differentiable is None:
-            return cts
         it = iter(cts)
-        return tuple(next(it) if d else None for d in differentiable)
+        return tuple(next(it) if m is not None else None for m in marks)
 
-    call.defvjp(fwd, bwd)
+    call.defvjp(fwd, bwd, symbolic_zeros=True)
     return call
 
 
