@@ -221,3 +221,40 @@ def test_gelu_backward_holds_tanh_and_fuses_what_is_derived_from_it():
         and graph.node_bytes[v] == graph.node_bytes[t]
     ]
     assert derived and all(graph.fused[v] for v in derived)
+
+
+def _small_convnet():
+    """Two residual convolution pairs, each followed by 2×2 average pooling: a program whose
+    peak the model puts far under XLA's (about 40%), so the schedules a search measures move with its budget."""
+    def conv(x, w):
+        return jax.lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+    def pool(x):
+        return jax.lax.reduce_window(x, 0.0, jax.lax.add, (1, 2, 2, 1), (1, 2, 2, 1), "VALID") / 4.0
+
+    def loss(params, x, labels):
+        h = jax.nn.relu(conv(x, params["c0"]))
+        h = pool(jax.nn.relu(conv(h, params["c1"])) + h)
+        h = jax.nn.relu(conv(h, params["c2"]))
+        h = pool(jax.nn.relu(conv(h, params["c3"])) + h)
+        logits = h.mean((1, 2)) @ params["head"]
+        return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), labels[:, None], 1))
+
+    keys = jax.random.split(jax.random.PRNGKey(11), 7)
+    shapes = {"c0": (3, 3, 3, 32), "c1": (3, 3, 32, 32), "c2": (3, 3, 32, 32), "c3": (3, 3, 32, 32), "head": (32, 10)}
+    params = {k: jax.random.normal(key, s) / np.sqrt(np.prod(s[:-1])) for key, (k, s) in zip(keys, shapes.items())}
+    return loss, params, jax.random.normal(keys[5], (8, 32, 32, 3)), jax.random.randint(keys[6], (8,), 0, 10)
+
+
+def test_the_budget_an_error_names_is_planned():
+    """An InfeasibleBudgetError says which budget works; planning the same program at it (or
+    above) must find a plan, though its search measures other schedules than the refused one's."""
+    fn, params, x, labels = _small_convnet()
+    with pytest.raises(InfeasibleBudgetError) as info:
+        remat_opt.optimize(fn, int(peak_bytes(fn, params, x, labels) * 0.5), cache=False).plan(params, x, labels)
+    named = info.value.min_budget_bytes
+    for budget in (named, int(named * 1.02)):
+        step = remat_opt.optimize(fn, budget, cache=False)
+        plan = step.plan(params, x, labels)
+        assert plan.measured_peak_bytes <= budget
+    assert max_abs_diff(jax.grad(step)(params, x, labels), jax.grad(fn)(params, x, labels)) < 1e-5

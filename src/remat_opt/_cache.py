@@ -129,7 +129,7 @@ def layout_of(args: tuple, kwargs: dict, interconnect: Any) -> dict[str, Any] | 
     return {"shardings": [str(mesh_sharding(x)) for x in leaves], "interconnect": repr(interconnect)}
 
 
-def plan_key(program: TracedProgram, budget_bytes: int, options: Mapping[str, Any],
+def plan_key(program: TracedProgram, budget_bytes: int | None, options: Mapping[str, Any],
              layout: Mapping[str, Any] | None = None) -> str:
     """The sha256 of what a plan is for.
 
@@ -137,7 +137,7 @@ def plan_key(program: TracedProgram, budget_bytes: int, options: Mapping[str, An
         program: the function traced with its scans whole
             (:func:`remat_opt.program._trace.trace`); its jaxpr's text is
             deterministic, with static leaves and literals in it.
-        budget_bytes: the budget.
+        budget_bytes: the budget; ``None`` for what holds of the program at any budget.
         options: :func:`options_of`.
         layout: :func:`layout_of`, for arguments on a mesh.
     """

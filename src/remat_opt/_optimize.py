@@ -25,20 +25,20 @@ from typing import Any
 import jax
 
 from ._budget import format_bytes
-from ._cache import (cache_directory, entry_path, layout_of, options_of, plan_entry, plan_key, plan_kind,
-                     qualified_name, read_entry, report, write_entry)
+from ._cache import layout_of, options_of, plan_key
 from ._errors import InfeasibleBudgetError
 from ._forward import forward_mode
 from ._inputs import check_call
 from ._loop_planning import LoopSearch, body_plans, loop_plans
+from ._lowest import recall, remember
 from ._mesh import measurer, per_device_error, sharded_twin, with_collectives
 from ._plan import Plan, annotate
 from ._policy_planning import PolicyCandidate, counted_policies, measured_policies, within_reach
-from ._restore import restored
+from ._restore import cached_plan
 from ._schedule import Schedule, Simulation
 from ._signature import Signature, signature
 from ._verify import verified
-from .memory._facts import check_known, model_graph, read_plain, unknown_of, with_memory_facts
+from .memory._facts import check_known, model_graph, read_plain, with_memory_facts
 from .memory._measure import abstract, gradient_flops
 from .memory._once import once_values
 from .memory._sharded import sharded_graph, with_shardings
@@ -49,7 +49,6 @@ from .program._trace import TracedProgram, normalize_argnums, trace
 from .rewrite._apply import apply_schedule
 from .solve._outside import outside_tiers
 from .solve._solve import SolverClock, SolverOptions, low_memory_schedules, min_peak_schedule, solve
-
 
 logger = logging.getLogger("remat_opt")
 """Progress of a plan (stages, solves, measurements) at INFO level; silent unless configured,
@@ -124,7 +123,7 @@ class OptimizedFunction:
             if twin is not None:
                 return twin
             check_call(self.fn, args, kwargs, self.argnums, self.has_aux)  # remat_opt._inputs: typed errors
-            self._cache[key] = self._cached_plan(specs, kwargs_specs)
+            self._cache[key] = cached_plan(self, specs, kwargs_specs)
         return self._cache[key]
 
     def _make_plan(self, args: tuple, kwargs: dict) -> tuple[Plan, Callable[..., Any]]:
@@ -149,8 +148,11 @@ class OptimizedFunction:
         measure = measurer(args, kwargs, nums, self.has_aux, on_mesh, figures_only=True)
         verify = measurer(args, kwargs, nums, self.has_aux, on_mesh)
 
+        # The program's key at any budget: what an earlier search of it measured lowest (remat_opt._lowest).
+        lowest_key = plan_key(whole, None, options_of(self, argnums), layout_of(args, kwargs, self.interconnect))
+
         def search(measure: Callable[[Callable[..., Any]], int]) -> tuple[Plan, Callable[..., Any]]:
-            return self._search(traced, whole, graph, args, kwargs, argnums, nums, measure, compiled)
+            return self._search(traced, whole, graph, args, kwargs, argnums, nums, measure, compiled, lowest_key)
 
         try:
             planned = verified(search(measure), verify, self.budget_bytes, lambda: search(verify))
@@ -166,7 +168,7 @@ class OptimizedFunction:
 
     def _search(self, traced: TracedProgram, whole: TracedProgram, graph: ProgramGraph, args: tuple, kwargs: dict,
                 argnums: tuple[int, ...], nums: Any, measure: Callable[[Callable[..., Any]], int],
-                compiled: Any) -> tuple[Plan, Callable[..., Any]]:
+                compiled: Any, lowest_key: str) -> tuple[Plan, Callable[..., Any]]:
         """The plan that fits with the fewest recomputed FLOPs, of all strategies measured."""
 
         baseline_flops = gradient_flops(self.fn, args, kwargs, nums, self.cost_model, self.has_aux)
@@ -233,10 +235,16 @@ class OptimizedFunction:
             return self._policy_plan(whole_graph, tried[-1], plain_peak, baseline_flops, seconds)
         if best is not None:
             return dataclasses.replace(best[0], solve_seconds=seconds), best[1]
+        known = self._recalled(lowest_key, graph, budget, measure, args, kwargs, nums, baseline_flops, plain_peak)
+        if known is not None:
+            return known
         # Nothing fits: the error names the lowest peak XLA measured for any plan.
+        if infeasible.schedule is not None:
+            remember(lowest_key, infeasible.min_budget_bytes, infeasible.schedule)
         lowest = [(c.measured, f"{c.loop}") for c in loops]
         lowest += [(c.measured, f"jax.checkpoint(fn, policy={c.policy})") for c in tried]
         if lowest_other is not None:
+            remember(lowest_key, lowest_other[0].measured_peak_bytes, lowest_other[0].schedule)
             depth = lowest_other[0].schedule.depth()
             lowest.append((lowest_other[0].measured_peak_bytes,
                            f"a nested schedule ({depth} levels)" if depth > 1 else "a Chen segmentation"))
@@ -245,6 +253,22 @@ class OptimizedFunction:
             raise InfeasibleBudgetError(budget, peak, detail=f"(XLA measured {peak:,} bytes for the lowest-memory "
                                         f"plan: {what}.)") from infeasible
         raise infeasible
+
+    def _recalled(self, key: str, graph: ProgramGraph, budget: int, measure: Callable[[Callable[..., Any]], int],
+                  args: tuple, kwargs: dict, nums: Any, baseline_flops: int,
+                  plain_peak: int) -> tuple[Plan, Callable[..., Any]] | None:
+        """The lowest-memory schedule an earlier search of this program measured, if XLA fits it
+        in ``budget`` (:mod:`remat_opt._lowest`): an error named its peak as a budget that works."""
+        schedule = recall(key, budget)
+        if schedule is None:
+            return None
+        program = self._program(graph, schedule)
+        measured = measure(program)
+        logger.info("the lowest-memory schedule of an earlier search: measured %s", format_bytes(measured))
+        if measured > budget:
+            return None
+        return self._finish(graph, simulate(graph, schedule), schedule, measured, plain_peak, program, args, kwargs,
+                            nums, baseline_flops, "FEASIBLE", 1.0, 0.0, 1)
 
     RETRY_MARGIN = 100
     """A re-solve's target is under the last one by the overshoot plus 1/RETRY_MARGIN of the budget."""
@@ -461,38 +485,3 @@ class OptimizedFunction:
             computed_once=len(once_values(graph, schedule)) if self.compute_saved_once else 0,
             segment_peaks=sim.segment_peaks,
         )
-
-    # --- The persistent plan cache (remat_opt._cache): a plan made once, loaded after ---
-
-    def _cached_plan(self, args: tuple, kwargs: dict) -> tuple[Plan, Callable[..., Any]]:
-        """The plan of a trusted entry of the persistent cache, else
-        :meth:`_make_plan`'s, then kept there. Loading traces the function and
-        builds its graph, and rewrites it from the stored decisions: no solver
-        call, no compile. The plan keeps the figures measured when it was made.
-        On a mesh the key holds each argument's sharding, and the restored
-        plan's graph gives each value's bytes for the whole array (one device's
-        come from XLA's partitioned compile, which loading skips); its figures
-        are one device's, as measured."""
-        directory = cache_directory(self.cache)
-        if directory is None:
-            return self._make_plan(args, kwargs)
-        argnums = normalize_argnums(self.argnums, len(args))
-        whole = trace(self.fn, args, kwargs, argnums)
-        key = plan_key(whole, self.budget_bytes, options_of(self, argnums),
-                       layout_of(args, kwargs, self.interconnect))
-        entry = read_entry(directory, key)
-        if entry is not None:
-            try:
-                return restored(self, entry, whole, args, kwargs, argnums)
-            except (LookupError, TypeError, ValueError) as err:  # an entry that does not rebuild is not trusted
-                report(entry_path(directory, key), f"does not rebuild ({type(err).__name__}: {err}); planning again.")
-        plan, program = self._make_plan(args, kwargs)
-        kind = plan_kind(plan)
-        # Not kept: a schedule whose model took XLA's account of primitives no rule
-        # knows (a compile the entry does not carry; a graph rebuilt without it
-        # could rewrite another program than the one measured). A loop plan's or a
-        # whole-function policy's program does not depend on the graph.
-        unknown = unknown_of(p for _, p in plan.graph.nodes(data="primitive") if p != "input")
-        if kind is not None and not (kind not in ("loop", "policy") and self.xla_facts and unknown):
-            write_entry(directory, key, plan_entry(plan, kind, qualified_name(self.fn)))
-        return plan, program

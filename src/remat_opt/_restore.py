@@ -6,6 +6,7 @@ module rebuilds, for the function at hand, the program and the graph
 :class:`remat_opt.OptimizedFunction` made them for (a trace and a graph, no
 solve, no compile). A schedule's rebuilt program must recompute the FLOPs the
 entry says, and compute as many stored values once, or the entry is not trusted.
+:func:`cached_plan` is the planner's way in: an entry's plan, else a new one, then kept.
 """
 
 from __future__ import annotations
@@ -13,14 +14,30 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ._cache import CacheEntryError, entry_loop_plan, entry_schedule, plan_from_entry
+from ._cache import (
+    CacheEntryError,
+    cache_directory,
+    entry_loop_plan,
+    entry_path,
+    entry_schedule,
+    layout_of,
+    options_of,
+    plan_entry,
+    plan_from_entry,
+    plan_key,
+    plan_kind,
+    qualified_name,
+    read_entry,
+    report,
+    write_entry,
+)
 from ._plan import Plan, annotate
-from .memory._facts import model_graph
+from .memory._facts import model_graph, unknown_of
 from .memory._measure import gradient_flops
 from .memory._once import once_values
 from .memory._sharded import is_sharded
 from .memory._simulate import simulate
-from .program._trace import TracedProgram, trace, with_signature
+from .program._trace import TracedProgram, normalize_argnums, trace, with_signature
 from .rewrite._apply import apply_schedule
 from .rewrite._loops import loop_program
 from .rewrite._policies import policy_program
@@ -64,4 +81,40 @@ def restored(optimized: Any, entry: dict, whole: TracedProgram, args: tuple, kwa
     if (rebuilt, once) != (stored, plan.computed_once):
         raise CacheEntryError(f"counts {stored:,} FLOPs recomputed and {plan.computed_once} values computed "
                               f"once; the program rebuilt from it {rebuilt:,} and {once}")
+    return plan, program
+
+
+def cached_plan(optimized: Any, args: tuple, kwargs: dict) -> tuple[Plan, Callable[..., Any]]:
+    """The plan of a trusted entry of ``optimized``'s persistent cache, else
+    the one its planner makes (``optimized._make_plan``), then kept there.
+
+    Loading traces the function and builds its graph, and rewrites it from the
+    stored decisions: no solver call, no compile. The plan keeps the figures
+    measured when it was made. On a mesh the key holds each argument's
+    sharding, and the restored plan's graph gives each value's bytes for the
+    whole array (one device's come from XLA's partitioned compile, which
+    loading skips); its figures are one device's, as measured.
+    """
+    directory = cache_directory(optimized.cache)
+    if directory is None:
+        return optimized._make_plan(args, kwargs)
+    argnums = normalize_argnums(optimized.argnums, len(args))
+    whole = trace(optimized.fn, args, kwargs, argnums)
+    key = plan_key(whole, optimized.budget_bytes, options_of(optimized, argnums),
+                   layout_of(args, kwargs, optimized.interconnect))
+    entry = read_entry(directory, key)
+    if entry is not None:
+        try:
+            return restored(optimized, entry, whole, args, kwargs, argnums)
+        except (LookupError, TypeError, ValueError) as err:  # an entry that does not rebuild is not trusted
+            report(entry_path(directory, key), f"does not rebuild ({type(err).__name__}: {err}); planning again.")
+    plan, program = optimized._make_plan(args, kwargs)
+    kind = plan_kind(plan)
+    # Not kept: a schedule whose model took XLA's account of primitives no rule
+    # knows (a compile the entry does not carry; a graph rebuilt without it
+    # could rewrite another program than the one measured). A loop plan's or a
+    # whole-function policy's program does not depend on the graph.
+    unknown = unknown_of(p for _, p in plan.graph.nodes(data="primitive") if p != "input")
+    if kind is not None and not (kind not in ("loop", "policy") and optimized.xla_facts and unknown):
+        write_entry(directory, key, plan_entry(plan, kind, qualified_name(optimized.fn)))
     return plan, program
