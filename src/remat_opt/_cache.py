@@ -51,10 +51,11 @@ from .rewrite._loops import LoopPlan
 
 CACHE_DIR_ENV = "REMAT_OPT_CACHE_DIR"
 FORMAT = 1
-KINDS = ("plain", "schedule", "loop", "policy")
+KINDS = ("plain", "schedule", "loop", "policy", "lowest")
 """What an entry restores: the function as written, a schedule on the traced
 program, a loop plan on the program with its scans whole, or ``jax.checkpoint``
-around the whole function with a built-in policy."""
+around the whole function with a built-in policy; or, under the program's key
+for any budget, the lowest-memory schedule XLA measured (:mod:`remat_opt._lowest`)."""
 
 _PLAN_FIELDS = tuple(f.name for f in dataclasses.fields(Plan) if f.name not in ("graph", "schedule", "loop_plan"))
 

@@ -25,7 +25,7 @@ from typing import Any
 import jax
 
 from ._budget import format_bytes
-from ._cache import layout_of, options_of, plan_key
+from ._cache import cache_directory, layout_of, options_of, plan_key, qualified_name
 from ._errors import InfeasibleBudgetError
 from ._forward import forward_mode
 from ._inputs import check_call
@@ -239,12 +239,13 @@ class OptimizedFunction:
         if known is not None:
             return known
         # Nothing fits: the error names the lowest peak XLA measured for any plan.
+        directory, name = cache_directory(self.cache), qualified_name(self.fn)
         if infeasible.schedule is not None:
-            remember(lowest_key, infeasible.min_budget_bytes, infeasible.schedule)
+            remember(lowest_key, infeasible.min_budget_bytes, infeasible.schedule, directory, name)
         lowest = [(c.measured, f"{c.loop}") for c in loops]
         lowest += [(c.measured, f"jax.checkpoint(fn, policy={c.policy})") for c in tried]
         if lowest_other is not None:
-            remember(lowest_key, lowest_other[0].measured_peak_bytes, lowest_other[0].schedule)
+            remember(lowest_key, lowest_other[0].measured_peak_bytes, lowest_other[0].schedule, directory, name)
             depth = lowest_other[0].schedule.depth()
             lowest.append((lowest_other[0].measured_peak_bytes,
                            f"a nested schedule ({depth} levels)" if depth > 1 else "a Chen segmentation"))
@@ -259,7 +260,7 @@ class OptimizedFunction:
                   plain_peak: int) -> tuple[Plan, Callable[..., Any]] | None:
         """The lowest-memory schedule an earlier search of this program measured, if XLA fits it
         in ``budget`` (:mod:`remat_opt._lowest`): an error named its peak as a budget that works."""
-        schedule = recall(key, budget)
+        schedule = recall(key, budget, cache_directory(self.cache))
         if schedule is None:
             return None
         program = self._program(graph, schedule)
