@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.custom_derivatives import SymbolicZero
+from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
 from jax._src import core
 
 from ..program._graph import ProgramGraph
@@ -57,6 +57,15 @@ def _first_elements(tree: Any) -> list[jax.Array]:
     """The first element of every non-empty floating leaf of ``tree``."""
     return [first_element(leaf) for leaf in jax.tree_util.tree_leaves(tree)
             if hasattr(leaf, "dtype") and jnp.issubdtype(leaf.dtype, jnp.inexact) and leaf.size]
+
+
+def _is_primal(x: Any) -> bool:
+    return isinstance(x, CustomVJPPrimal)
+
+
+def _perturbed(arg: Any) -> bool:
+    """Whether the caller differentiates some leaf of a ``custom_vjp`` argument (``symbolic_zeros``)."""
+    return any(p.perturbed for p in jax.tree_util.tree_leaves(arg, is_leaf=_is_primal))
 
 
 def _instantiated(cotangents: Any) -> Any:
@@ -122,11 +131,11 @@ def fenced_checkpoint(
         return fn(*args)
 
     def fwd(*primals: Any) -> tuple[Any, Any]:
-        args = tuple(p.value for p in primals)
+        args = tuple(jax.tree_util.tree_map(lambda p: p.value, a, is_leaf=_is_primal) for a in primals)
         # The arguments to transpose: the planned ones, and any other a caller differentiates
         # (jax.grad(step, argnums=1) on a plan made for argnums=0), or its cotangent would be zero.
         mask = (True,) * len(args) if differentiable is None else tuple(
-            d or p.perturbed for d, p in zip(differentiable, primals))
+            d or _perturbed(a) for d, a in zip(differentiable, primals))
 
         def of_differentiable(*diff: Any) -> Any:
             it = iter(diff)
