@@ -32,8 +32,8 @@ def test_cotangents_of_every_differentiated_argument(inputs, differentiable, arg
     got = jax.jit(jax.grad(fenced, argnums=argnums))(*inputs)
     want = jax.grad(loss_of(layer), argnums=argnums)(*inputs)
     for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want), strict=True):
-        assert float(np.max(np.abs(w))) > 0
-        np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-7)
+        scale = float(np.max(np.abs(w)))
+        assert scale > 0 and float(np.max(np.abs(g - w))) <= 1e-5 * scale
 
 
 def test_outputs_nothing_reads_get_zero_cotangents(inputs):
@@ -49,4 +49,4 @@ def test_outputs_nothing_reads_get_zero_cotangents(inputs):
     got = jax.grad(loss(fenced), argnums=(0, 1))(*inputs)
     want = jax.grad(loss(two), argnums=(0, 1))(*inputs)
     for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want), strict=True):
-        np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-7)
+        assert float(np.max(np.abs(g - w))) <= 1e-5 * float(np.max(np.abs(w)))
