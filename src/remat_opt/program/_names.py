@@ -54,8 +54,9 @@ def eqn_index_of(name_stack: object) -> int | None:
 
 
 def is_nameable(aval: Any) -> bool:
-    """Whether a value can be saved by name: a floating array."""
-    return hasattr(aval, "dtype") and jnp.issubdtype(aval.dtype, jnp.inexact)
+    """Whether a value can be saved by name: a real floating array. Not a complex one: JAX marks
+    a residual a saving policy keeps with ``reduce_precision``, which rejects complex dtypes."""
+    return hasattr(aval, "dtype") and jnp.issubdtype(aval.dtype, jnp.floating)
 
 
 Evaluator = Callable[[core.JaxprEqn, Sequence[Any]], list[Any]]
