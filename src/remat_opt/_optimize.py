@@ -36,10 +36,9 @@ from ._plan import Plan, annotate
 from ._policy_planning import PolicyCandidate, counted_policies, measured_policies, within_reach
 from ._restore import cached_plan
 from ._schedule import Schedule, Simulation
-from ._signature import Signature, signature
 from ._verify import verified
 from .memory._facts import check_known, model_graph, read_plain, with_memory_facts
-from .memory._measure import abstract, gradient_flops
+from .memory._measure import Signature, abstract, gradient_flops, signature
 from .memory._once import once_values
 from .memory._sharded import sharded_graph, with_shardings
 from .memory._simulate import calibrate, simulate

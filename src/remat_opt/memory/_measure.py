@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import jax
@@ -26,7 +27,7 @@ from jax._src import config as jax_config
 from jax._src.interpreters import partial_eval as pe
 
 from ..program._cost import CostModel, jaxpr_flops
-from ..program._static import combine, differentiated, is_traced, split
+from ..program._static import Static, combine, differentiated, is_traced, split
 from ..program._trace import normalize_argnums
 from ._compiles import compiled_figures
 
@@ -63,6 +64,26 @@ def mesh_sharding(x: Any) -> jax.sharding.Sharding | None:
         return sharding if len(sharding.device_set) > 1 else None
     except (AttributeError, TypeError, ValueError, RuntimeError):  # an abstract sharding: no devices to compile for
         return None
+
+
+@dataclass(frozen=True)
+class Signature:
+    """A call's arguments as the planner sees them.
+
+    Attributes:
+        static: the tree structure and its static leaves (compared by equality, or identity).
+        avals: per array leaf, its shape, dtype and sharding over a mesh (or ``None``).
+    """
+
+    static: Static
+    avals: tuple[tuple[tuple[int, ...], str, Any], ...]
+
+
+def signature(args: tuple, kwargs: dict) -> Signature:
+    """The signature of a call on ``args`` and ``kwargs`` (arrays, abstract values or static leaves)."""
+    leaves, static = split((args, kwargs))
+    return Signature(static, tuple((tuple(jax.numpy.shape(x)), str(jax.numpy.result_type(x)), mesh_sharding(x))
+                                   for x in leaves))
 
 
 def gradient_step(
@@ -105,10 +126,8 @@ def traced_step(fn: Callable[..., Any], args: tuple, kwargs: dict, argnums: int 
     under the same JAX configuration (``jax.jit``'s own trace context: x64,
     default matmul precision...).
     """
-    leaves, static = split((args, kwargs))
     context = getattr(jax_config, "trace_context", tuple)()
-    key = (context, repr(argnums), has_aux, static, tuple((jax.numpy.shape(x), str(jax.numpy.result_type(x)),
-                                                  mesh_sharding(x)) for x in leaves))
+    key = (context, repr(argnums), has_aux, signature(args, kwargs))
     try:
         per_fn = _traces.setdefault(fn, {})
     except TypeError:  # not weakly referenceable: traced each time
