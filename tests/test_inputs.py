@@ -99,12 +99,25 @@ def test_nothing_differentiable_in_a_differentiated_argument_raises(value, shown
     assert isinstance(err, TypeError)
 
 
-def test_integer_array_leaf_among_floats_raises_naming_its_path():
+def test_integer_array_leaf_among_floats_is_passed_through_as_with_allow_int():
+    """An integer leaf of a differentiated tree (a step counter in the params) is not
+    differentiated: ``jax.grad(step, allow_int=True)`` gives what it gives for ``fn``, and a
+    plain ``jax.grad(step)`` raises JAX's own error, as ``jax.grad(fn)`` does."""
     params = {"w": W, "steps": jnp.arange(3)}
-    step = remat_opt.optimize(lambda p, x: loss(p["w"], x) + jnp.sum(p["steps"]), "1GiB", cache=False)
-    _raises(NonDifferentiableArgumentError, "args[0]['steps']", lambda: step.plan(params, X))
-    with pytest.raises(TypeError):  # jax.grad rejects it too
-        jax.grad(lambda p, x: loss(p["w"], x))(params, X)
+
+    def fn(p, x):
+        return loss(p["w"], x) * (1.0 + jnp.sum(p["steps"]).astype(jnp.float32))
+
+    plain = remat_opt.peak_bytes(fn, params, X)
+    step = remat_opt.optimize(fn, plain, cache=False)
+    got = jax.grad(step, allow_int=True)(params, X)
+    want = jax.grad(fn, allow_int=True)(params, X)
+    np.testing.assert_allclose(got["w"], want["w"], rtol=1e-6)
+    assert got["steps"].dtype == want["steps"].dtype == jax.dtypes.float0
+    with pytest.raises(TypeError, match="int"):
+        jax.grad(step)(params, X)
+    with pytest.raises(TypeError, match="int"):
+        jax.grad(fn)(params, X)
 
 
 def test_static_leaves_and_undifferentiated_integers_still_plan():
@@ -195,3 +208,12 @@ def test_traced_value_passed_as_argument_plans():
 def test_bad_budgets_raise(budget, error):
     err = _raises(error, "budget_bytes", lambda: remat_opt.optimize(loss, budget))
     assert repr(budget)[:20] in str(err) or str(budget) in str(err)
+
+
+@pytest.mark.parametrize("fn, args, kwargs, error, named", [
+    (lambda w: w * 2, (W,), {}, InvalidLossError, "fn"),
+    (lambda w, x: loss(w, x), (W, X), {"argnums": 2}, InvalidArgnumsError, "argnums"),
+    (lambda n, x: jnp.sum(x) * n, (3, X), {}, NonDifferentiableArgumentError, "args[0]"),
+])
+def test_peak_bytes_checks_its_call_as_optimize_does(fn, args, kwargs, error, named):
+    _raises(error, named, lambda: remat_opt.peak_bytes(fn, *args, **kwargs))

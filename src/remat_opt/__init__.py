@@ -35,10 +35,10 @@ from ._errors import RematOptError as RematOptError
 from ._errors import UnsupportedProgramError as UnsupportedProgramError
 from .memory._fragmentation import Fragmentation as Fragmentation
 from .memory._fragmentation import fragmentation as fragmentation
-from .memory._measure import peak_bytes as peak_bytes
 from ._optimize import OptimizedFunction as OptimizedFunction
 from .memory._fusion import UnknownPrimitiveWarning as UnknownPrimitiveWarning
 from ._api import optimize as optimize
+from ._api import peak_bytes as peak_bytes
 from ._plan import Plan as Plan
 from ._step import optimize_step as optimize_step
 from .rewrite._policies import POLICIES as POLICIES

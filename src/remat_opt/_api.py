@@ -1,4 +1,4 @@
-"""``optimize``: the library's entry point, its arguments checked at the boundary."""
+"""``optimize`` and ``peak_bytes``: the library's entry points, their arguments checked at the boundary."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ._budget import parse_bytes
-from ._inputs import check_argnums
+from ._inputs import check_argnums, check_call
 from ._optimize import OptimizedFunction
+from .memory._measure import peak_bytes as measured_peak
 from .program._cost import CostModel, Interconnect
 from .solve._solve import SolverOptions
 
@@ -123,3 +124,39 @@ def optimize(
     return OptimizedFunction(fn, budget, argnums, solver_options or SolverOptions(), max_attempts, cost_model,
                              has_aux, unroll_scans, compute_saved_once, xla_facts, cache,
                              interconnect, in_shardings)
+
+
+def peak_bytes(
+    fn: Callable[..., Any], *args: Any, argnums: int | Sequence[int] = 0, has_aux: bool = False, **kwargs: Any
+) -> int:
+    """XLA's peak for one gradient step of ``fn`` on these arguments.
+
+    Args:
+        fn: a function returning a scalar.
+        *args: positional arguments (arrays, pytrees, or ``jax.ShapeDtypeStruct``).
+            Leaves that are not arrays (an Equinox module's functions, Python
+            scalars) are static: closed over, not compiled inputs.
+        argnums: the positional arguments differentiated, as in ``jax.grad``.
+            Only their floating array leaves are, as in
+            ``eqx.filter_value_and_grad`` (and ``jax.grad(..., allow_int=True)``).
+        has_aux: ``fn`` returns ``(loss, aux)``, as in ``jax.grad``.
+        **kwargs: keyword arguments, not differentiated.
+
+    Returns:
+        argument + output + temp − alias bytes of the compiled step.
+
+    Raises:
+        TypeError: ``fn`` is not callable.
+        RematOptError: as :func:`optimize`'s first call raises it for these arguments
+            (``argnums`` out of range, nothing differentiable, no scalar loss...).
+
+    Example:
+        >>> import jax.numpy as jnp, remat_opt
+        >>> remat_opt.peak_bytes(lambda w: jnp.sum(jnp.tanh(w)), jnp.ones(1024)) > 0
+        True
+    """
+    if not callable(fn):
+        raise TypeError(f"fn must be callable; got {fn!r} ({type(fn).__name__}). Pass the loss function itself.")
+    check_argnums(argnums)
+    check_call(fn, args, kwargs, argnums, has_aux)
+    return measured_peak(fn, *args, argnums=argnums, has_aux=has_aux, **kwargs)

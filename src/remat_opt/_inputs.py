@@ -65,15 +65,12 @@ def check_call(fn: Callable[..., Any], args: tuple, kwargs: dict, argnums: int |
     Raises:
         InvalidArgnumsError: ``argnums`` out of range for this call, or naming an argument twice.
         NonDifferentiableArgumentError: a differentiated argument holds no floating array
-            (a Python int, a string, ``None``, an integer array), or an integer array
-            where ``jax.grad`` would reject it.
+            (a Python int, a string, ``None``, an integer array).
         InvalidLossError: ``fn`` returns no real floating scalar (with ``has_aux``, as its first item).
         ClosedOverTracerError: ``fn`` closes over a value of an enclosing trace.
     """
-    nums = normalize_argnums(argnums, len(args))
-    any_static = split((args, kwargs))[1].any
-    for i in nums:
-        _check_differentiated(args[i], i, argnums, any_static)
+    for i in normalize_argnums(argnums, len(args)):
+        _check_differentiated(args[i], i, argnums)
     _check_traced(fn, args, kwargs, has_aux)
 
 
@@ -86,26 +83,19 @@ def _describe(leaf: Any) -> str:
     return f"a Python {type(leaf).__name__} ({leaf!r:.60})"
 
 
-def _check_differentiated(arg: Any, i: int, argnums: Any, any_static: bool) -> None:
-    """One differentiated argument: at least one floating array; integer arrays only as static-leaf
-    trees (Equinox's filtered calls) pass them, undifferentiated (see :mod:`remat_opt.program._static`)."""
-    leaves = jax.tree_util.tree_flatten_with_path(arg)[0]
-    if not any(is_inexact_array(x) for _, x in leaves):
+def _check_differentiated(arg: Any, i: int, argnums: Any) -> None:
+    """One differentiated argument holds at least one floating array. Its integer and boolean
+    arrays are passed through undifferentiated, as ``jax.grad(..., allow_int=True)`` and
+    Equinox's filtered transformations treat them (a plain ``jax.grad`` of the step rejects
+    them, as it rejects them in ``fn``)."""
+    leaves = jax.tree_util.tree_leaves(arg)
+    if not any(is_inexact_array(x) for x in leaves):
         what = _describe(arg) if len(leaves) <= 1 and not isinstance(arg, (list, tuple, dict)) else (
             f"a {type(arg).__name__} with no floating array among its {len(leaves)} leaves")
         raise NonDifferentiableArgumentError(
             f"args[{i}] is differentiated (argnums={argnums!r}) but is {what}, which jax.grad cannot "
             f"differentiate. Pass a floating array (jnp.asarray(value, jnp.float32)) to differentiate it, "
             f"or leave index {i} out of argnums to pass it unchanged.", argument=f"args[{i}]", value=what)
-    if any_static:
-        return
-    for path, x in leaves:
-        if is_traced(x) and not is_inexact_array(x):
-            name = f"args[{i}]{jax.tree_util.keystr(path)}"
-            raise NonDifferentiableArgumentError(
-                f"{name} is {_describe(x)} in a differentiated argument (argnums={argnums!r}); jax.grad "
-                f"rejects integer and boolean inputs. Pass it in an argument outside argnums, or cast it "
-                f"to a floating dtype if it is to be differentiated.", argument=name, value=_describe(x))
 
 
 def _check_traced(fn: Callable[..., Any], args: tuple, kwargs: dict, has_aux: bool) -> None:

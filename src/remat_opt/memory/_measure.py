@@ -27,7 +27,7 @@ from jax._src import config as jax_config
 from jax._src.interpreters import partial_eval as pe
 
 from ..program._cost import CostModel, jaxpr_flops
-from ..program._static import Static, combine, differentiated, is_traced, split
+from ..program._static import Static, combine, differentiated, is_traced, owners, split
 from ..program._trace import normalize_argnums
 from ._compiles import compiled_figures
 
@@ -91,16 +91,19 @@ def gradient_step(
 ) -> tuple[Callable[..., Any], tuple, dict]:
     """``jax.value_and_grad(fn, argnums)`` and the arguments to call it on.
 
-    Without static leaves, that is ``jax.value_and_grad(fn, argnums)`` on
-    ``args`` and ``kwargs``. With them, it is a function of two lists of
-    arrays, the differentiated ones (the floating array leaves of the
-    ``argnums`` arguments, as ``eqx.filter_value_and_grad`` picks them) and
-    the others, with the static leaves closed over.
+    When every leaf is an array and every leaf of the ``argnums`` arguments
+    floating, that is ``jax.value_and_grad(fn, argnums)`` on ``args`` and
+    ``kwargs``. Otherwise it is a function of two lists of arrays, the
+    differentiated ones (the floating array leaves of the ``argnums``
+    arguments, as ``eqx.filter_value_and_grad`` picks them, and as
+    ``jax.grad(..., allow_int=True)`` differentiates) and the others, with the
+    static leaves closed over.
     """
     leaves, static = split((args, kwargs))
-    if not static.any:
+    nums = normalize_argnums(argnums, len(args))
+    diff = differentiated(args, kwargs, nums)
+    if not static.any and all(f for f, owner in zip(diff, owners(args, kwargs)) if owner in nums):
         return jax.value_and_grad(fn, argnums=argnums, has_aux=has_aux), args, kwargs
-    diff = differentiated(args, kwargs, normalize_argnums(argnums, len(args)))
 
     def step(diff_leaves: list, other_leaves: list) -> Any:
         d, o = iter(diff_leaves), iter(other_leaves)
@@ -141,27 +144,8 @@ def traced_step(fn: Callable[..., Any], args: tuple, kwargs: dict, argnums: int 
 def peak_bytes(
     fn: Callable[..., Any], *args: Any, argnums: int | Sequence[int] = 0, has_aux: bool = False, **kwargs: Any
 ) -> int:
-    """XLA's peak for one gradient step of ``fn`` on these arguments.
-
-    Args:
-        fn: a function returning a scalar.
-        *args: positional arguments (arrays, pytrees, or ``jax.ShapeDtypeStruct``).
-            Leaves that are not arrays (an Equinox module's functions, Python
-            scalars) are static: closed over, not compiled inputs.
-        argnums: the positional arguments differentiated, as in ``jax.grad``.
-            When some leaf is static, only the floating array leaves of these
-            arguments are, as in ``eqx.filter_value_and_grad``.
-        has_aux: ``fn`` returns ``(loss, aux)``, as in ``jax.grad``.
-        **kwargs: keyword arguments, not differentiated.
-
-    Returns:
-        argument + output + temp − alias bytes of the compiled step.
-
-    Example:
-        >>> import jax.numpy as jnp, remat_opt
-        >>> remat_opt.peak_bytes(lambda w: jnp.sum(jnp.tanh(w)), jnp.ones(1024)) > 0
-        True
-    """
+    """XLA's peak for one gradient step of ``fn``, as :func:`remat_opt.peak_bytes` reads it,
+    on arguments already checked."""
     lowered = traced_step(fn, args, kwargs, argnums, has_aux).lower()
     return compiled_figures(lowered, "peak", lambda low: memory_of(low.compile()))  # once per distinct program
 
