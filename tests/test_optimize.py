@@ -263,9 +263,11 @@ def test_the_budget_an_error_names_is_planned(tmp_path):
     assert max_abs_diff(jax.grad(step)(params, x, labels), jax.grad(fn)(params, x, labels)) < 1e-5
 
 
-def test_complex_values_with_gradients_are_refused_by_name():
-    """A differentiated complex intermediate is refused with a typed error naming its line: the
-    fenced segments' cotangents were found wrong for one (zero for the first layers' weights)."""
+def test_complex_intermediates_cross_segments_with_their_gradients():
+    """A complex value that carries a gradient may cross a segment boundary. It cannot be saved
+    by name (JAX's policies reject complex residuals), and its cotangent must reach the earlier
+    layers: a boundary once cut complex values off as if they were integers (zero gradients for
+    the first layers' weights)."""
     def fn(ws, x):
         for w in ws:
             z = jax.lax.complex(x @ w, x) * jnp.exp(1j * 0.5).astype(jnp.complex64)
@@ -275,6 +277,10 @@ def test_complex_values_with_gradients_are_refused_by_name():
     key = jax.random.PRNGKey(3)
     ws = [jax.random.normal(jax.random.fold_in(key, i), (64, 64)) / 8 for i in range(4)]
     x = jax.random.normal(key, (256, 64))
-    with pytest.raises(remat_opt.UnsupportedProgramError, match="complex value") as info:
-        remat_opt.optimize(fn, 10**6, cache=False).plan(ws, x)
-    assert "test_optimize.py" in str(info.value)
+    budget = int(peak_bytes(fn, ws, x) * 0.7)
+    step = remat_opt.optimize(fn, budget, cache=False)
+    plan = step.plan(ws, x)
+    assert plan.measured_peak_bytes <= budget and not plan.schedule.plain
+    got, want = jax.grad(step)(ws, x), jax.grad(fn)(ws, x)
+    assert float(jnp.max(jnp.abs(want[0]))) > 0
+    assert max_abs_diff(got, want) < 1e-5 * float(max(jnp.max(jnp.abs(w)) for w in want))

@@ -447,13 +447,6 @@ def check_plannable(closed: ClosedJaxpr, differentiable: Sequence[bool]) -> froz
         )
     tangent = _tangents(jaxpr, list(differentiable), [True] * len(jaxpr.outvars))
     carried = frozenset(v for v, t in tangent.items() if t)
-    for eqn in jaxpr.eqns:  # a checkpointed segment's cotangents are not known to hold for complex values
-        if any(v in carried and jax.numpy.issubdtype(v.aval.dtype, jax.numpy.complexfloating) for v in eqn.outvars):
-            raise UnsupportedProgramError(
-                eqn.primitive.name, _source(eqn),
-                "It makes a complex value that carries a gradient; remat_opt plans programs whose "
-                "differentiated values are real. Differentiate fn without remat_opt, or carry the "
-                "real and imaginary parts as two real arrays.")
     return carried
 
 

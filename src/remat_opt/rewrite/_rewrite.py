@@ -59,6 +59,11 @@ def _first_elements(tree: Any) -> list[jax.Array]:
             if hasattr(leaf, "dtype") and jnp.issubdtype(leaf.dtype, jnp.inexact) and leaf.size]
 
 
+def _carries_tangent(aval: core.AbstractValue) -> bool:
+    """A floating or complex array: a value whose tangent is not ``float0``."""
+    return jnp.issubdtype(getattr(aval, "dtype", np.int32), jnp.inexact)
+
+
 def _is_primal(x: Any) -> bool:
     return isinstance(x, CustomVJPPrimal)
 
@@ -264,7 +269,7 @@ def _level(
             outs = fn(*(env[v] for v in seg.inputs))
             # An integer output of a fenced segment carries a (float0) tangent out of
             # its custom_vjp, which a later cond's index must not have: cut it off.
-            outs = [o if is_nameable(v.aval) else lax.stop_gradient(o) for v, o in zip(seg.outputs, outs)]
+            outs = [o if _carries_tangent(v.aval) else lax.stop_gradient(o) for v, o in zip(seg.outputs, outs)]
             env.update(zip(seg.outputs, outs))
 
     return run_level
