@@ -182,3 +182,33 @@ def test_a_loop_plan_is_kept_and_loaded(tmp_path, monkeypatch):
     _grads_match(step, scan_loss, params, x)
     monkeypatch.undo()
     assert peak_bytes(step, params, x) == made.measured_peak_bytes
+
+
+def _loss_with_custom_backward(scale):
+    """An MLP loss whose activation's backward (a ``custom_vjp``) scales its cotangent: code the
+    forward jaxpr names (``bwd=<function ...>``) but does not show."""
+    @jax.custom_vjp
+    def act(x):
+        return jnp.tanh(x)
+
+    act.defvjp(lambda x: (jnp.tanh(x), x), lambda x, g: (g * scale * (1 - jnp.tanh(x) ** 2),))
+
+    def loss(ws, x):
+        for w in ws:
+            x = act(x @ w)
+        return jnp.mean(x ** 2)
+
+    return loss
+
+
+def test_a_changed_custom_backward_is_planned_again(tmp_path):
+    """Two programs that differ only in a custom_vjp's backward have different keys (their
+    figures are not each other's); the same backward again loads."""
+    ws = [jnp.full((32, 32), 0.05 * (i + 1)) for i in range(3)]
+    x = jnp.ones((16, 32))
+    for scale, entries in ((1.0, 1), (3.0, 2), (3.0, 2)):
+        fn = _loss_with_custom_backward(scale)
+        step = remat_opt.optimize(fn, peak_bytes(fn, ws, x), cache=tmp_path)
+        step.plan(ws, x)
+        assert len(list(tmp_path.glob("*.json"))) == entries, scale
+        _grads_match(step, fn, ws, x)

@@ -4,7 +4,8 @@ Someone training a model plans the same program on every restart, sweep job and
 host. A plan depends only on the program, its argument shapes (and, on a mesh,
 their shardings and the interconnect), the budget, ``optimize``'s options, the
 device and the versions of jax and remat_opt, so it is kept on disk under a key
-made of them, as JSON: the plan's figures and its
+made of them (the program as its jaxpr's text, and, where a custom derivative
+rule is Python code that text only names, the gradient step's text too), as JSON: the plan's figures and its
 decisions (:meth:`remat_opt.Schedule.to_json`, or the loop plan), never pickled
 code. A process that finds the entry rebuilds the graph (trace and build, no
 compile) and the rewritten program from the decisions, and makes no solver
@@ -40,10 +41,11 @@ from pathlib import Path
 from typing import Any
 
 import jax
+from jax._src import core
 
 from ._plan import Plan
 from ._schedule import Schedule
-from .memory._measure import mesh_sharding
+from .memory._measure import mesh_sharding, traced_step
 from .memory._sharded import Collective, is_sharded
 from .program._static import split
 from .program._trace import TracedProgram
@@ -130,8 +132,29 @@ def layout_of(args: tuple, kwargs: dict, interconnect: Any) -> dict[str, Any] | 
     return {"shardings": [str(mesh_sharding(x)) for x in leaves], "interconnect": repr(interconnect)}
 
 
+def _hides_code(jaxpr: core.Jaxpr) -> bool:
+    """Whether some equation carries Python code its text does not show: a parameter that is a
+    function, not a jaxpr (a ``custom_vjp``'s backward, a ``custom_jvp``'s rule)."""
+    for eqn in jaxpr.eqns:
+        if any(callable(v) and not isinstance(v, (core.Jaxpr, core.ClosedJaxpr)) for v in eqn.params.values()):
+            return True
+        if any(_hides_code(sub) for sub in core.jaxprs_in_params(eqn.params)):
+            return True
+    return False
+
+
+def derivative_text(program: TracedProgram, fn: Callable[..., Any], args: tuple, kwargs: dict,
+                    argnums: Any, has_aux: bool) -> str | None:
+    """What the program's text leaves out of its gradient, for :func:`plan_key`: the text of
+    the traced gradient step where a custom derivative rule is Python code (edit a
+    ``custom_vjp``'s backward, and the key changes); ``None`` where the text shows it all."""
+    if not _hides_code(program.jaxpr.jaxpr):
+        return None
+    return str(traced_step(fn, args, kwargs, argnums, has_aux).jaxpr)
+
+
 def plan_key(program: TracedProgram, budget_bytes: int | None, options: Mapping[str, Any],
-             layout: Mapping[str, Any] | None = None) -> str:
+             layout: Mapping[str, Any] | None = None, derivatives: str | None = None) -> str:
     """The sha256 of what a plan is for.
 
     Args:
@@ -141,6 +164,7 @@ def plan_key(program: TracedProgram, budget_bytes: int | None, options: Mapping[
         budget_bytes: the budget; ``None`` for what holds of the program at any budget.
         options: :func:`options_of`.
         layout: :func:`layout_of`, for arguments on a mesh.
+        derivatives: :func:`derivative_text`, where the program has custom rules.
     """
     jaxpr = program.jaxpr
     material = {
@@ -157,6 +181,8 @@ def plan_key(program: TracedProgram, budget_bytes: int | None, options: Mapping[
     }
     if layout is not None:  # (absent on one device: the keys of entries made before stay as they were)
         material["layout"] = layout
+    if derivatives is not None:
+        material["derivatives"] = re.sub(r" at 0x[0-9a-f]+", "", derivatives)
     return hashlib.sha256(json.dumps(material, sort_keys=True, default=str).encode()).hexdigest()
 
 

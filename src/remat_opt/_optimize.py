@@ -25,7 +25,7 @@ from typing import Any
 import jax
 
 from ._budget import format_bytes
-from ._cache import cache_directory, layout_of, options_of, plan_key, qualified_name
+from ._cache import cache_directory, derivative_text, layout_of, options_of, plan_key, qualified_name
 from ._errors import InfeasibleBudgetError
 from ._forward import forward_mode
 from ._inputs import check_call
@@ -148,7 +148,8 @@ class OptimizedFunction:
         verify = measurer(args, kwargs, nums, self.has_aux, on_mesh)
 
         # The program's key at any budget: what an earlier search of it measured lowest (remat_opt._lowest).
-        lowest_key = plan_key(whole, None, options_of(self, argnums), layout_of(args, kwargs, self.interconnect))
+        lowest_key = plan_key(whole, None, options_of(self, argnums), layout_of(args, kwargs, self.interconnect),
+                              derivative_text(whole, self.fn, args, kwargs, nums, self.has_aux))
 
         def search(measure: Callable[[Callable[..., Any]], int]) -> tuple[Plan, Callable[..., Any]]:
             return self._search(traced, whole, graph, args, kwargs, argnums, nums, measure, compiled, lowest_key)

@@ -17,6 +17,7 @@ from typing import Any
 from ._cache import (
     CacheEntryError,
     cache_directory,
+    derivative_text,
     entry_loop_plan,
     entry_path,
     entry_schedule,
@@ -101,7 +102,9 @@ def cached_plan(optimized: Any, args: tuple, kwargs: dict) -> tuple[Plan, Callab
     argnums = normalize_argnums(optimized.argnums, len(args))
     whole = trace(optimized.fn, args, kwargs, argnums)
     key = plan_key(whole, optimized.budget_bytes, options_of(optimized, argnums),
-                   layout_of(args, kwargs, optimized.interconnect))
+                   layout_of(args, kwargs, optimized.interconnect),
+                   derivative_text(whole, optimized.fn, args, kwargs,
+                                   argnums if len(argnums) > 1 else argnums[0], optimized.has_aux))
     entry = read_entry(directory, key)
     if entry is not None:
         try:
