@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import jax
-from jax._src import core
+from jax.extend import core
 
 from ._plan import Plan
 from ._schedule import Schedule
