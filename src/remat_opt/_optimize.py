@@ -251,8 +251,10 @@ class OptimizedFunction:
                            f"a nested schedule ({depth} levels)" if depth > 1 else "a Chen segmentation"))
         peak, what = min(lowest, default=(infeasible.min_budget_bytes, ""))
         if peak < infeasible.min_budget_bytes:
+            # One minimum, not two: the solver's own lowest is said here, not chained as a second error.
             raise InfeasibleBudgetError(budget, peak, detail=f"(XLA measured {peak:,} bytes for the lowest-memory "
-                                        f"plan: {what}.)") from infeasible
+                                        f"plan: {what}; CP-SAT's lowest-memory schedule, "
+                                        f"{infeasible.min_budget_bytes:,}.)") from None
         raise infeasible
 
     def _recalled(self, key: str, graph: ProgramGraph, budget: int, measure: Callable[[Callable[..., Any]], int],
