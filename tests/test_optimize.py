@@ -251,10 +251,13 @@ def test_the_budget_an_error_names_is_planned(tmp_path):
     above) must find a plan, though its search measures other schedules than the refused one's:
     in the same process, and in a later one through the plan cache."""
     fn, params, x, labels = _small_convnet()
-    budget = int(peak_bytes(fn, params, x, labels) * 0.5)
+    plain = peak_bytes(fn, params, x, labels)
+    earlier = remat_opt.optimize(fn, int(plain * 0.8), cache=False).plan(params, x, labels)
+    budget = int(plain * 0.5)
     with pytest.raises(InfeasibleBudgetError) as info:
         remat_opt.optimize(fn, budget, cache=tmp_path).plan(params, x, labels)
     named = info.value.min_budget_bytes
+    assert named <= earlier.measured_peak_bytes  # never above a plan the process has measured
     assert info.value.__cause__ is None and info.value.__suppress_context__  # one minimum shown, not two
     plan = remat_opt.optimize(fn, named, cache=False).plan(params, x, labels)
     assert plan.measured_peak_bytes <= named
@@ -285,3 +288,20 @@ def test_complex_intermediates_cross_segments_with_their_gradients():
     got, want = jax.grad(step)(ws, x), jax.grad(fn)(ws, x)
     assert float(jnp.max(jnp.abs(want[0]))) > 0
     assert max_abs_diff(got, want) < 1e-5 * float(max(jnp.max(jnp.abs(w)) for w in want))
+
+
+def test_the_lowest_kept_is_the_lowest_measured_and_reaches_the_cache(tmp_path):
+    """remat_opt._lowest keeps, per program, the lowest peak measured (from a returned plan or
+    an error); the plan cache gets it when an error names it, never a higher one over it."""
+    key = "program-for-test-of-lowest"
+    low, high = Schedule(cuts=frozenset({3})), Schedule(cuts=frozenset({5}))
+    try:
+        _lowest.remember(key, 1000, low, None, "f")  # a returned plan: this process only
+        assert _lowest.lowest_kept(key, tmp_path) == (1000, low) and not list(tmp_path.glob("*.json"))
+        _lowest.remember(key, 2000, high, tmp_path, "f")  # an error's, higher: the kept one is written
+        assert _lowest.lowest_kept(key, None) == (1000, low)
+        _lowest._lowest.clear()  # a new process reads the cache
+        assert _lowest.lowest_kept(key, tmp_path) == (1000, low)
+        assert _lowest.recall(key, 999, tmp_path) is None and _lowest.recall(key, 1000, tmp_path) == low
+    finally:
+        _lowest._lowest.pop(key, None)

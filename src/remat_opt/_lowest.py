@@ -8,12 +8,16 @@ may not be among those measured at a higher one. A program the model
 misjudges (a convolutional network it put 39% under XLA's figure) was
 refused again at the very budget its error had named.
 
-So the schedule behind an error is kept, under the program's key for any
-budget (:func:`remat_opt._cache.plan_key` with no budget): for the rest of
-the process, and in the plan cache (an entry of kind ``"lowest"``) when it is
-on. A later search of the same program that finds nothing under its budget
-measures it before giving up (in the same process its figures are kept by
-:mod:`remat_opt.memory._compiles`, so that costs no compile).
+So the lowest-memory schedule XLA measured is kept, under the program's key
+for any budget (:func:`remat_opt._cache.plan_key` with no budget): the one
+behind an error, and any schedule a plan returned, for the rest of the
+process; in the plan cache (an entry of kind ``"lowest"``) when an error names
+it and the cache is on. A later search of the same program that finds nothing
+under its budget measures it before giving up (in the same process its
+figures are kept by :mod:`remat_opt.memory._compiles`, so that costs no
+compile), and its error never names a minimum above it: a user sweeping
+budgets downwards is not told that a plan measured at a higher budget is out
+of reach.
 """
 
 from __future__ import annotations
@@ -29,24 +33,35 @@ _lowest: dict[str, tuple[int, Schedule]] = {}
 
 
 def remember(key: str, measured: int, schedule: Schedule, directory: Path | None, function: str) -> None:
-    """Keeps ``schedule`` for the program of ``key`` if XLA measured it lower than any kept
-    (and in the plan cache's ``directory``, unless ``None``); ``function`` names the program there."""
-    if key in _lowest and _lowest[key][0] <= measured:
+    """Keeps ``schedule`` for the program of ``key`` if XLA measured it lower than any kept,
+    and the lowest kept in the plan cache's ``directory`` (unless ``None``) if that holds none
+    as low; ``function`` names the program there."""
+    if key not in _lowest or measured < _lowest[key][0]:
+        _lowest[key] = (measured, schedule)
+    if directory is None:
         return
-    _lowest[key] = (measured, schedule)
-    if directory is not None:
-        entry = {"versions": versions(), "kind": "lowest", "function": function,
-                 "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "plan": {"measured_peak_bytes": measured},
-                 "schedule": json.loads(schedule.to_json()), "loop_plan": None}
-        write_entry(directory, key, entry)
+    measured, schedule = _lowest[key]
+    entry = read_entry(directory, key)
+    if entry is not None and entry["kind"] == "lowest" and int(entry["plan"]["measured_peak_bytes"]) <= measured:
+        return
+    write_entry(directory, key, {"versions": versions(), "kind": "lowest", "function": function,
+                                 "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                                 "plan": {"measured_peak_bytes": measured},
+                                 "schedule": json.loads(schedule.to_json()), "loop_plan": None})
 
 
-def recall(key: str, budget: int, directory: Path | None) -> Schedule | None:
-    """The schedule kept for the program of ``key`` (in this process, else in the plan
-    cache's ``directory``), if XLA measured it within ``budget``."""
+def lowest_kept(key: str, directory: Path | None) -> tuple[int, Schedule] | None:
+    """XLA's peak and the schedule kept for the program of ``key`` (in this process, else in
+    the plan cache's ``directory``), whatever the budget; ``None`` if none is."""
     if key not in _lowest and directory is not None:
         entry = read_entry(directory, key)
         if entry is not None and entry["kind"] == "lowest":
             _lowest[key] = (int(entry["plan"]["measured_peak_bytes"]), entry_schedule(entry))
-    measured, schedule = _lowest.get(key, (None, None))
-    return schedule if measured is not None and measured <= budget else None
+    return _lowest.get(key)
+
+
+def recall(key: str, budget: int, directory: Path | None) -> Schedule | None:
+    """The schedule kept for the program of ``key`` (:func:`lowest_kept`), if XLA measured it
+    within ``budget``."""
+    kept = lowest_kept(key, directory)
+    return kept[1] if kept is not None and kept[0] <= budget else None

@@ -30,7 +30,7 @@ from ._errors import InfeasibleBudgetError
 from ._forward import forward_mode
 from ._inputs import check_call
 from ._loop_planning import LoopSearch, body_plans, loop_plans
-from ._lowest import recall, remember
+from ._lowest import lowest_kept, recall, remember
 from ._mesh import measurer, per_device_error, sharded_twin, with_collectives
 from ._plan import Plan, annotate
 from ._policy_planning import PolicyCandidate, counted_policies, measured_policies, within_reach
@@ -160,9 +160,12 @@ class OptimizedFunction:
             if partitioned is None:
                 raise
             raise per_device_error(err, args, kwargs, partitioned) from err
+        plan, program = planned
+        if plan.strategy == "remat_opt" and plan.loop_plan is None and plan.whole_policy is None \
+                and plan.schedule is not None and not plan.schedule.plain:
+            remember(lowest_key, plan.measured_peak_bytes, plan.schedule, None, qualified_name(self.fn))
         if partitioned is None:
             return planned
-        plan, program = planned
         return with_collectives(plan, graph, partitioned, collectives[id(program)], collectives[id(self.fn)],
                                 self.interconnect), program
 
@@ -240,6 +243,7 @@ class OptimizedFunction:
             return known
         # Nothing fits: the error names the lowest peak XLA measured for any plan.
         directory, name = cache_directory(self.cache), qualified_name(self.fn)
+        earlier = lowest_kept(lowest_key, directory)  # what earlier plans of this program measured
         if infeasible.schedule is not None:
             remember(lowest_key, infeasible.min_budget_bytes, infeasible.schedule, directory, name)
         lowest = [(c.measured, f"{c.loop}") for c in loops]
@@ -249,6 +253,8 @@ class OptimizedFunction:
             depth = lowest_other[0].schedule.depth()
             lowest.append((lowest_other[0].measured_peak_bytes,
                            f"a nested schedule ({depth} levels)" if depth > 1 else "a Chen segmentation"))
+        if earlier is not None:
+            lowest.append((earlier[0], "a schedule an earlier plan of this program measured"))
         peak, what = min(lowest, default=(infeasible.min_budget_bytes, ""))
         if peak < infeasible.min_budget_bytes:
             # One minimum, not two: the solver's own lowest is said here, not chained as a second error.
