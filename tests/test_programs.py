@@ -283,6 +283,18 @@ def test_jax_nn_functions_keep_their_rules():
     optimize_and_check(loss, (ws, x))
 
 
+def test_constants_built_from_literals_inside_the_loss():
+    """``jnp.linspace(0.0, 1.0, n)`` is a call whose every operand is a literal, and its body
+    reshapes one: the graph once looked a literal up as a value (an untyped TypeError)."""
+    def loss(ws, x):
+        ramp = jnp.linspace(0.0, 1.0, WIDTH)
+        for w in ws:
+            x = jnp.tanh((x @ w) * ramp + jnp.arange(WIDTH) / WIDTH)
+        return jnp.mean(x ** 2)
+
+    optimize_and_check(loss, (weights(6), inputs()))
+
+
 def test_user_custom_jvp_and_custom_vjp_rules_are_kept():
     def loss(ws, x):
         for i, w in enumerate(ws):

@@ -288,7 +288,7 @@ def build_graph(traced: TracedProgram, cost_model: CostModel | None = None) -> P
         alias = -2
         if eqn.primitive.name in ALIASING_PRIMITIVES and len(eqn.invars) == 1 and len(eqn.outvars) == 1:
             src = eqn.invars[0]
-            alias = buffer[node_of[src]] if src in node_of else -1
+            alias = buffer[node_of[src]] if isinstance(src, core.Var) and src in node_of else -1  # a literal: -1
         elif len(eqn.outvars) == 1 and not eqn.effects:
             key = _cse_key(eqn, node_of, buffer)
             if key is not None:
