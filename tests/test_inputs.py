@@ -21,6 +21,8 @@ from remat_opt import (
     InvalidBudgetError,
     InvalidBudgetTypeError,
     InvalidLossError,
+    InvalidOptionError,
+    InvalidOptionTypeError,
     NonDifferentiableArgumentError,
     RematOptError,
 )
@@ -225,3 +227,18 @@ def test_bad_budgets_raise(budget, error):
 ])
 def test_peak_bytes_checks_its_call_as_optimize_does(fn, args, kwargs, error, named):
     _raises(error, named, lambda: remat_opt.peak_bytes(fn, *args, **kwargs))
+
+
+@pytest.mark.parametrize("options, error, named", [
+    ({"fn": 3}, InvalidOptionTypeError, "fn"),
+    ({"max_attempts": 0}, InvalidOptionError, "max_attempts"),
+    ({"unroll_scans": -1}, InvalidOptionError, "unroll_scans"),
+    ({"cache": 123}, InvalidOptionTypeError, "cache"),
+    ({"has_aux": "yes"}, InvalidOptionTypeError, "has_aux"),
+    ({"xla_facts": 1}, InvalidOptionTypeError, "xla_facts"),
+    ({"solver_options": {"time_limit_s": 1}}, InvalidOptionTypeError, "solver_options"),
+    ({"interconnect": 100e9}, InvalidOptionTypeError, "interconnect"),
+])
+def test_bad_options_are_typed_errors_naming_the_option(options, error, named):
+    options = {"fn": loss, **options}
+    _raises(error, named, lambda: remat_opt.optimize(budget_bytes="1GiB", **options))

@@ -30,6 +30,8 @@ from ._errors import ClosedOverTracerError as ClosedOverTracerError
 from ._errors import InvalidArgnumsError as InvalidArgnumsError
 from ._errors import InvalidArgnumsTypeError as InvalidArgnumsTypeError
 from ._errors import InvalidLossError as InvalidLossError
+from ._errors import InvalidOptionError as InvalidOptionError
+from ._errors import InvalidOptionTypeError as InvalidOptionTypeError
 from ._errors import NonDifferentiableArgumentError as NonDifferentiableArgumentError
 from ._errors import RematOptError as RematOptError
 from ._errors import UnsupportedProgramError as UnsupportedProgramError
@@ -59,6 +61,8 @@ __all__ = [
     "InvalidBudgetError",
     "InvalidBudgetTypeError",
     "InvalidLossError",
+    "InvalidOptionError",
+    "InvalidOptionTypeError",
     "NonDifferentiableArgumentError",
     "OptimizedFunction",
     "Plan",

@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ._budget import parse_bytes
+from ._errors import InvalidOptionError, InvalidOptionTypeError
 from ._inputs import check_argnums, check_call
 from ._optimize import OptimizedFunction
 from .memory._measure import peak_bytes as measured_peak
@@ -103,24 +104,31 @@ def optimize(
         True
     """
     if not callable(fn):
-        raise TypeError(f"fn must be callable; got {fn!r} ({type(fn).__name__}). Pass the loss function itself.")
+        raise InvalidOptionTypeError(f"fn must be callable; got {fn!r} ({type(fn).__name__}). Pass the loss "
+                                     "function itself.", argument="fn", value=fn)
     budget = parse_bytes(budget_bytes, argument="budget_bytes")
     if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
-        raise ValueError(f"max_attempts must be a positive int; got {max_attempts!r}.")
+        raise InvalidOptionError(f"max_attempts must be a positive int; got {max_attempts!r}. Pass 1 or more (the default is 4).",
+                                 argument="max_attempts", value=max_attempts)
     if solver_options is not None and not isinstance(solver_options, SolverOptions):
-        raise TypeError(f"solver_options must be a remat_opt.SolverOptions; got {type(solver_options).__name__}.")
+        raise InvalidOptionTypeError(f"solver_options must be a remat_opt.SolverOptions; got "
+                                     f"{type(solver_options).__name__}. Pass remat_opt.SolverOptions(...) or None.", argument="solver_options",
+                                     value=solver_options)
     check_argnums(argnums)
     if not isinstance(has_aux, bool):
-        raise TypeError(f"has_aux must be a bool; got {has_aux!r}.")
+        raise InvalidOptionTypeError(f"has_aux must be a bool; got {has_aux!r}. Pass True or False.", argument="has_aux", value=has_aux)
     if isinstance(unroll_scans, bool) or not isinstance(unroll_scans, int) or unroll_scans < 0:
-        raise ValueError(f"unroll_scans must be a non-negative int (0 keeps scans whole); got {unroll_scans!r}.")
+        raise InvalidOptionError(f"unroll_scans must be a non-negative int (0 keeps scans whole); got "
+                                 f"{unroll_scans!r}. Pass 0 or more.", argument="unroll_scans", value=unroll_scans)
     for flag, value in (("compute_saved_once", compute_saved_once), ("xla_facts", xla_facts)):
         if not isinstance(value, bool):
-            raise TypeError(f"{flag} must be a bool; got {value!r}.")
+            raise InvalidOptionTypeError(f"{flag} must be a bool; got {value!r}. Pass True or False.", argument=flag, value=value)
     if interconnect is not None and not isinstance(interconnect, Interconnect):
-        raise TypeError(f"interconnect must be a remat_opt.Interconnect; got {type(interconnect).__name__}.")
+        raise InvalidOptionTypeError(f"interconnect must be a remat_opt.Interconnect; got "
+                                     f"{type(interconnect).__name__}. Pass remat_opt.Interconnect(...) or None.", argument="interconnect", value=interconnect)
     if not isinstance(cache, (bool, str, os.PathLike)):
-        raise TypeError(f"cache must be True, False or a folder (str or os.PathLike); got {cache!r}.")
+        raise InvalidOptionTypeError(f"cache must be True, False or a folder (str or os.PathLike); got {cache!r}. Pass one of those.",
+                                     argument="cache", value=cache)
     return OptimizedFunction(fn, budget, argnums, solver_options or SolverOptions(), max_attempts, cost_model,
                              has_aux, unroll_scans, compute_saved_once, xla_facts, cache,
                              interconnect, in_shardings)
@@ -156,7 +164,8 @@ def peak_bytes(
         True
     """
     if not callable(fn):
-        raise TypeError(f"fn must be callable; got {fn!r} ({type(fn).__name__}). Pass the loss function itself.")
+        raise InvalidOptionTypeError(f"fn must be callable; got {fn!r} ({type(fn).__name__}). Pass the loss "
+                                     "function itself.", argument="fn", value=fn)
     check_argnums(argnums)
     check_call(fn, args, kwargs, argnums, has_aux)
     return measured_peak(fn, *args, argnums=argnums, has_aux=has_aux, **kwargs)

@@ -28,6 +28,8 @@ __all__ = [
     "InvalidBudgetError",
     "InvalidBudgetTypeError",
     "InvalidLossError",
+    "InvalidOptionError",
+    "InvalidOptionTypeError",
     "NonDifferentiableArgumentError",
     "RematOptError",
     "UnsupportedProgramError",
@@ -106,6 +108,16 @@ class InvalidArgnumsError(_ArgumentError, ValueError):
 
 class InvalidArgnumsTypeError(_ArgumentError, TypeError):
     """``argnums`` is not an int or a sequence of ints."""
+
+
+class InvalidOptionError(_ArgumentError, ValueError):
+    """An option of ``optimize`` or ``optimize_step`` has the right type but a bad value
+    (``max_attempts=0``, ``unroll_scans=-1``)."""
+
+
+class InvalidOptionTypeError(_ArgumentError, TypeError):
+    """An option of ``optimize`` or ``optimize_step``, or the function passed, has the wrong type
+    (``fn`` not callable, ``cache=123``, ``has_aux="yes"``)."""
 
 
 class NonDifferentiableArgumentError(_ArgumentError, TypeError):

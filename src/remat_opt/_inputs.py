@@ -94,8 +94,9 @@ def _check_differentiated(arg: Any, i: int, argnums: Any) -> None:
             f"a {type(arg).__name__} with no floating array among its {len(leaves)} leaves")
         raise NonDifferentiableArgumentError(
             f"args[{i}] is differentiated (argnums={argnums!r}) but is {what}, which jax.grad cannot "
-            f"differentiate. Pass a floating array (jnp.asarray(value, jnp.float32)) to differentiate it, "
-            f"or leave index {i} out of argnums to pass it unchanged.", argument=f"args[{i}]", value=what)
+            f"differentiate (with allow_int=True it only returns float0 zeros for it). Pass a floating "
+            f"array (jnp.asarray(value, jnp.float32)) to differentiate it, or leave index {i} out of "
+            f"argnums to pass it unchanged.", argument=f"args[{i}]", value=what)
 
 
 def _check_traced(fn: Callable[..., Any], args: tuple, kwargs: dict, has_aux: bool) -> None:

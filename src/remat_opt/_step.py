@@ -42,7 +42,7 @@ import jax
 
 from ._api import optimize
 from ._budget import format_bytes, parse_bytes
-from ._errors import InfeasibleBudgetError
+from ._errors import InfeasibleBudgetError, InvalidOptionError, InvalidOptionTypeError
 from ._optimize import OptimizedFunction
 from ._plan import Plan
 from .memory._compiles import compiled_figures
@@ -144,12 +144,13 @@ def optimize_step(
         True
     """
     if not callable(make_step):
-        raise TypeError(f"make_step must be callable; got {make_step!r}. Pass a function of the loss "
-                        "that returns the training step.")
+        raise InvalidOptionTypeError(f"make_step must be callable; got {make_step!r}. Pass a function of the loss "
+                                     "that returns the training step.", argument="make_step", value=make_step)
     budget = parse_bytes(budget_bytes, argument="budget_bytes")
     donate = _donate_argnums(donate_argnums, len(step_args))
     if isinstance(step_attempts, bool) or not isinstance(step_attempts, int) or step_attempts < 1:
-        raise ValueError(f"step_attempts must be a positive int; got {step_attempts!r}.")
+        raise InvalidOptionError(f"step_attempts must be a positive int; got {step_attempts!r}. Pass 1 or more.",
+                                 argument="step_attempts", value=step_attempts)
     optimize(loss_fn, budget, **optimize_options)  # checks loss_fn and the options before any compile
     args = abstract(step_args)
     loss_args, loss_kwargs = loss_arguments(make_step, loss_fn, args)
@@ -188,9 +189,9 @@ def loss_arguments(make_step: Callable[..., Any], loss_fn: Callable[..., Any], s
 
     jax.eval_shape(make_step(recording), *step_args)
     if not calls:
-        raise ValueError(f"make_step={make_step!r} built a step that never calls the loss it is given; "
-                         "make_step(loss) must return a step that computes loss (for instance through "
-                         "jax.value_and_grad(loss)).")
+        raise InvalidOptionError(f"make_step={make_step!r} built a step that never calls the loss it is given; "
+                                 "make_step(loss) must return a step that computes loss (for instance through "
+                                 "jax.value_and_grad(loss)).", argument="make_step", value=make_step)
     return calls[0]
 
 
@@ -206,10 +207,12 @@ def _donate_argnums(donate_argnums: Any, num_args: int) -> tuple[int, ...]:
     nums = (donate_argnums,) if isinstance(donate_argnums, int) else donate_argnums
     if (isinstance(donate_argnums, bool) or not isinstance(nums, (tuple, list))
             or any(isinstance(n, bool) or not isinstance(n, int) for n in nums)):
-        raise TypeError(f"donate_argnums must be an int or a tuple of ints, as in jax.jit; got {donate_argnums!r}.")
+        raise InvalidOptionTypeError(f"donate_argnums must be an int or a tuple of ints, as in jax.jit; got "
+                                     f"{donate_argnums!r}.", argument="donate_argnums", value=donate_argnums)
     if any(not -num_args <= n < num_args for n in nums):
-        raise ValueError(f"donate_argnums={donate_argnums!r} is out of range for a step of {num_args} "
-                         f"argument(s) (step_args); use indices in [0, {num_args}).")
+        raise InvalidOptionError(f"donate_argnums={donate_argnums!r} is out of range for a step of {num_args} "
+                                 f"argument(s) (step_args); use indices in [0, {num_args}).",
+                                 argument="donate_argnums", value=donate_argnums)
     return tuple(sorted({n % num_args for n in nums}))
 
 
