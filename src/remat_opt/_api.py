@@ -90,8 +90,10 @@ def optimize(
         An :class:`OptimizedFunction` with ``fn``'s signature and values.
 
     Raises:
-        TypeError: ``fn`` is not callable, or ``budget_bytes`` has the wrong type.
-        ValueError: ``budget_bytes`` is not a positive size.
+        InvalidOptionTypeError: ``fn`` is not callable, or an option has the wrong type.
+        InvalidOptionError: an option has a bad value (``max_attempts=0``).
+        InvalidBudgetTypeError: ``budget_bytes`` has the wrong type.
+        InvalidBudgetError: ``budget_bytes`` is not a positive size.
         InfeasibleBudgetError: (on first call) no plan fits on XLA, not even the
             lowest-memory one; carries ``min_budget_bytes``, a budget XLA confirms.
 
@@ -103,32 +105,24 @@ def optimize(
         >>> bool(jnp.allclose(jax.grad(step)(w, x), jax.grad(loss)(w, x)))
         True
     """
-    if not callable(fn):
-        raise InvalidOptionTypeError(f"fn must be callable; got {fn!r} ({type(fn).__name__}). Pass the loss "
-                                     "function itself.", argument="fn", value=fn)
+    _check_callable(fn)
     budget = parse_bytes(budget_bytes, argument="budget_bytes")
     if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
-        raise InvalidOptionError(f"max_attempts must be a positive int; got {max_attempts!r}. Pass 1 or more (the default is 4).",
-                                 argument="max_attempts", value=max_attempts)
-    if solver_options is not None and not isinstance(solver_options, SolverOptions):
-        raise InvalidOptionTypeError(f"solver_options must be a remat_opt.SolverOptions; got "
-                                     f"{type(solver_options).__name__}. Pass remat_opt.SolverOptions(...) or None.", argument="solver_options",
-                                     value=solver_options)
+        raise InvalidOptionError(f"max_attempts must be a positive int; got {max_attempts!r}. Pass 1 or more "
+                                 "(the default is 4).", argument="max_attempts", value=max_attempts)
+    _check_type("solver_options", solver_options, SolverOptions, "remat_opt.SolverOptions(...) or None")
     check_argnums(argnums)
-    if not isinstance(has_aux, bool):
-        raise InvalidOptionTypeError(f"has_aux must be a bool; got {has_aux!r}. Pass True or False.", argument="has_aux", value=has_aux)
     if isinstance(unroll_scans, bool) or not isinstance(unroll_scans, int) or unroll_scans < 0:
         raise InvalidOptionError(f"unroll_scans must be a non-negative int (0 keeps scans whole); got "
                                  f"{unroll_scans!r}. Pass 0 or more.", argument="unroll_scans", value=unroll_scans)
-    for flag, value in (("compute_saved_once", compute_saved_once), ("xla_facts", xla_facts)):
+    for flag, value in (("has_aux", has_aux), ("compute_saved_once", compute_saved_once), ("xla_facts", xla_facts)):
         if not isinstance(value, bool):
-            raise InvalidOptionTypeError(f"{flag} must be a bool; got {value!r}. Pass True or False.", argument=flag, value=value)
-    if interconnect is not None and not isinstance(interconnect, Interconnect):
-        raise InvalidOptionTypeError(f"interconnect must be a remat_opt.Interconnect; got "
-                                     f"{type(interconnect).__name__}. Pass remat_opt.Interconnect(...) or None.", argument="interconnect", value=interconnect)
+            raise InvalidOptionTypeError(f"{flag} must be a bool; got {value!r}. Pass True or False.",
+                                         argument=flag, value=value)
+    _check_type("interconnect", interconnect, Interconnect, "remat_opt.Interconnect(...) or None")
     if not isinstance(cache, (bool, str, os.PathLike)):
-        raise InvalidOptionTypeError(f"cache must be True, False or a folder (str or os.PathLike); got {cache!r}. Pass one of those.",
-                                     argument="cache", value=cache)
+        raise InvalidOptionTypeError(f"cache must be True, False or a folder (str or os.PathLike); got {cache!r}. "
+                                     "Pass one of those.", argument="cache", value=cache)
     return OptimizedFunction(fn, budget, argnums, solver_options or SolverOptions(), max_attempts, cost_model,
                              has_aux, unroll_scans, compute_saved_once, xla_facts, cache,
                              interconnect, in_shardings)
@@ -154,7 +148,7 @@ def peak_bytes(
         argument + output + temp − alias bytes of the compiled step.
 
     Raises:
-        TypeError: ``fn`` is not callable.
+        InvalidOptionTypeError: ``fn`` is not callable.
         RematOptError: as :func:`optimize`'s first call raises it for these arguments
             (``argnums`` out of range, nothing differentiable, no scalar loss...).
 
@@ -163,9 +157,20 @@ def peak_bytes(
         >>> remat_opt.peak_bytes(lambda w: jnp.sum(jnp.tanh(w)), jnp.ones(1024)) > 0
         True
     """
-    if not callable(fn):
-        raise InvalidOptionTypeError(f"fn must be callable; got {fn!r} ({type(fn).__name__}). Pass the loss "
-                                     "function itself.", argument="fn", value=fn)
+    _check_callable(fn)
     check_argnums(argnums)
     check_call(fn, args, kwargs, argnums, has_aux)
     return measured_peak(fn, *args, argnums=argnums, has_aux=has_aux, **kwargs)
+
+
+def _check_callable(fn: Any) -> None:
+    if not callable(fn):
+        raise InvalidOptionTypeError(f"fn must be callable; got {fn!r} ({type(fn).__name__}). Pass the loss "
+                                     "function itself.", argument="fn", value=fn)
+
+
+def _check_type(option: str, value: Any, kind: type, what: str) -> None:
+    """``value`` is ``None`` or a ``kind``."""
+    if value is not None and not isinstance(value, kind):
+        raise InvalidOptionTypeError(f"{option} must be a {what.split('(')[0]}; got {type(value).__name__}. "
+                                     f"Pass {what}.", argument=option, value=value)

@@ -5,9 +5,9 @@ host. A plan depends only on the program, its argument shapes (and, on a mesh,
 their shardings and the interconnect), the budget, ``optimize``'s options, the
 device and the versions of jax and remat_opt, so it is kept on disk under a key
 made of them (the program as its jaxpr's text, and, where a custom derivative
-rule is Python code that text only names, the gradient step's text too), as JSON: the plan's figures and its
-decisions (:meth:`remat_opt.Schedule.to_json`, or the loop plan), never pickled
-code. A process that finds the entry rebuilds the graph (trace and build, no
+rule is Python code that text only names, the gradient step's text too), as
+JSON: the plan's figures and its decisions (:meth:`remat_opt.Schedule.to_json`,
+or the loop plan), never pickled code. A process that finds the entry rebuilds the graph (trace and build, no
 compile) and the rewritten program from the decisions, and makes no solver
 call and compiles no candidate (:meth:`remat_opt.OptimizedFunction` does that).
 
