@@ -45,7 +45,9 @@ class Plan:
             without a schedule, the measured figure). On a mesh, recomputed
             collectives count at ``collective_flops_per_byte``.
         measured_recompute_flops: FLOPs the rewritten program's jaxpr computes
-            beyond the plain gradient's.
+            beyond the plain gradient's. Negative where it computes less: an
+            unrolled scan drops work its loop could not (the cotangent of a
+            first carry nothing differentiates).
         baseline_flops: FLOPs of the plain gradient (``jax.value_and_grad``).
         status: "OPTIMAL", "FEASIBLE" (see ``gap``), "PLAIN" (no remat needed)
             or "BASELINE" (a baseline strategy, not solved against the budget).
