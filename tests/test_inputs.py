@@ -242,3 +242,20 @@ def test_peak_bytes_checks_its_call_as_optimize_does(fn, args, kwargs, error, na
 def test_bad_options_are_typed_errors_naming_the_option(options, error, named):
     options = {"fn": loss, **options}
     _raises(error, named, lambda: remat_opt.optimize(budget_bytes="1GiB", **options))
+
+
+def test_a_wholly_integer_argument_beside_a_floating_one_passes_through():
+    """``argnums=(0, 1)`` with an integer mask as argument 1: under ``allow_int`` its gradient is
+    ``float0``, as for ``fn``; alone, an integer argument is still refused (nothing to plan)."""
+    mask = (jnp.arange(8) % 2).astype(jnp.int32)
+
+    def fn(w, mask, x):
+        return jnp.sum(jnp.tanh(x @ w) * mask)
+
+    step = remat_opt.optimize(fn, "1GiB", argnums=(0, 1), cache=False)
+    got = jax.grad(step, argnums=(0, 1), allow_int=True)(W, mask, X)
+    want = jax.grad(fn, argnums=(0, 1), allow_int=True)(W, mask, X)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-6)
+    assert got[1].dtype == want[1].dtype == jax.dtypes.float0
+    alone = remat_opt.optimize(fn, "1GiB", argnums=1, cache=False)
+    _raises(NonDifferentiableArgumentError, "args[1]", lambda: alone.plan(W, mask, X))

@@ -64,13 +64,16 @@ def check_call(fn: Callable[..., Any], args: tuple, kwargs: dict, argnums: int |
 
     Raises:
         InvalidArgnumsError: ``argnums`` out of range for this call, or naming an argument twice.
-        NonDifferentiableArgumentError: a differentiated argument holds no floating array
-            (a Python int, a string, ``None``, an integer array).
+        NonDifferentiableArgumentError: no differentiated argument holds a floating array, or
+            one holds no array at all (a Python int, a string, ``None``).
         InvalidLossError: ``fn`` returns no real floating scalar (with ``has_aux``, as its first item).
         ClosedOverTracerError: ``fn`` closes over a value of an enclosing trace.
     """
-    for i in normalize_argnums(argnums, len(args)):
-        _check_differentiated(args[i], i, argnums)
+    nums = normalize_argnums(argnums, len(args))
+    floating = {i: any(is_inexact_array(x) for x in jax.tree_util.tree_leaves(args[i])) for i in nums}
+    for i in nums:
+        if not floating[i]:
+            _check_integer_argument(args[i], i, argnums, any(floating.values()))
     _check_traced(fn, args, kwargs, has_aux)
 
 
@@ -83,20 +86,22 @@ def _describe(leaf: Any) -> str:
     return f"a Python {type(leaf).__name__} ({leaf!r:.60})"
 
 
-def _check_differentiated(arg: Any, i: int, argnums: Any) -> None:
-    """One differentiated argument holds at least one floating array. Its integer and boolean
-    arrays are passed through undifferentiated, as ``jax.grad(..., allow_int=True)`` and
-    Equinox's filtered transformations treat them (a plain ``jax.grad`` of the step rejects
-    them, as it rejects them in ``fn``)."""
+def _check_integer_argument(arg: Any, i: int, argnums: Any, others_float: bool) -> None:
+    """A differentiated argument without a floating array is passed through undifferentiated
+    when it holds only integer or boolean arrays and another differentiated argument holds a
+    floating one: ``jax.grad(..., allow_int=True)`` gives it ``float0`` zeros, and a plain
+    ``jax.grad`` of the step rejects it, as it rejects it in ``fn``. (Integer leaves beside
+    floating ones in one argument pass the same way.) Anything else is an error: a Python
+    scalar is static to the planner and would get no gradient at all."""
     leaves = jax.tree_util.tree_leaves(arg)
-    if not any(is_inexact_array(x) for x in leaves):
-        what = _describe(arg) if len(leaves) <= 1 and not isinstance(arg, (list, tuple, dict)) else (
-            f"a {type(arg).__name__} with no floating array among its {len(leaves)} leaves")
-        raise NonDifferentiableArgumentError(
-            f"args[{i}] is differentiated (argnums={argnums!r}) but is {what}, which jax.grad cannot "
-            f"differentiate (with allow_int=True it only returns float0 zeros for it). Pass a floating "
-            f"array (jnp.asarray(value, jnp.float32)) to differentiate it, or leave index {i} out of "
-            f"argnums to pass it unchanged.", argument=f"args[{i}]", value=what)
+    if others_float and leaves and all(is_traced(x) for x in leaves):
+        return
+    what = _describe(arg) if len(leaves) <= 1 and not isinstance(arg, (list, tuple, dict)) else (
+        f"a {type(arg).__name__} with no floating array among its {len(leaves)} leaves")
+    raise NonDifferentiableArgumentError(
+        f"args[{i}] is differentiated (argnums={argnums!r}) but is {what}, which jax.grad cannot "
+        f"differentiate. Pass a floating array (jnp.asarray(value, jnp.float32)) to differentiate it, "
+        f"or leave index {i} out of argnums to pass it unchanged.", argument=f"args[{i}]", value=what)
 
 
 def _check_traced(fn: Callable[..., Any], args: tuple, kwargs: dict, has_aux: bool) -> None:
