@@ -30,7 +30,7 @@ from jax._src import core
 from jax.extend.core import ClosedJaxpr
 
 from .._errors import UnsupportedProgramError
-from ..program._trace import _CHECKPOINT_PRIMITIVES, _has_tangent, scan_counts, trace
+from ..program._trace import _CHECKPOINT_PRIMITIVES, has_tangent, scan_counts, trace
 
 if TYPE_CHECKING:
     from ..program._graph import ProgramGraph
@@ -61,9 +61,9 @@ def iteration_backward_bytes(eqn: core.JaxprEqn, tangent_in: list[bool]) -> int:
     n_consts, n_carry = scan_counts(eqn.params)
     # A carry whose initial value has no tangent gets one from the body when
     # any differentiated value flows into it; a float carry is assumed to.
-    diff = [t or (n_consts <= k < n_consts + n_carry and _has_tangent(a))
+    diff = [t or (n_consts <= k < n_consts + n_carry and has_tangent(a))
             for k, (t, a) in enumerate(zip(tangent_in, avals))]
-    floats = [k for k, v in enumerate(body.jaxpr.outvars) if _has_tangent(v.aval)]
+    floats = [k for k, v in enumerate(body.jaxpr.outvars) if has_tangent(v.aval)]
 
     def loss(dargs: list, fixed: list, cotangents: list) -> Any:
         it_d, it_f = iter(dargs), iter(fixed)

@@ -308,7 +308,8 @@ def _source(eqn: core.JaxprEqn) -> str | None:
         return None
 
 
-def _has_tangent(aval: Any) -> bool:
+def has_tangent(aval: Any) -> bool:
+    """Whether a value of ``aval`` carries a tangent that is not ``float0``: a floating or complex array."""
     dtype = getattr(aval, "dtype", None)
     return dtype is not None and jax.numpy.issubdtype(dtype, jax.numpy.inexact)
 
@@ -402,7 +403,7 @@ def _tangents(jaxpr: core.Jaxpr, tangent_in: Sequence[bool], live_out: Sequence[
         else:
             outs = [True] * len(eqn.outvars)
         for v, t in zip(eqn.outvars, outs):
-            tangent[v] = t and _has_tangent(v.aval)
+            tangent[v] = t and has_tangent(v.aval)
     return tangent
 
 

@@ -39,7 +39,7 @@ from ..program._graph import ProgramGraph
 from ..program._names import eval_named, is_nameable, value_name
 from ..memory._once import computed_once, first_element, once_values
 from .._schedule import Schedule
-from ..program._trace import read_atom
+from ..program._trace import has_tangent, read_atom
 
 
 @dataclass(frozen=True)
@@ -57,11 +57,6 @@ def _first_elements(tree: Any) -> list[jax.Array]:
     """The first element of every non-empty floating leaf of ``tree``."""
     return [first_element(leaf) for leaf in jax.tree_util.tree_leaves(tree)
             if hasattr(leaf, "dtype") and jnp.issubdtype(leaf.dtype, jnp.inexact) and leaf.size]
-
-
-def _carries_tangent(aval: core.AbstractValue) -> bool:
-    """A floating or complex array: a value whose tangent is not ``float0``."""
-    return jnp.issubdtype(getattr(aval, "dtype", np.int32), jnp.inexact)
 
 
 def _is_primal(x: Any) -> bool:
@@ -269,7 +264,7 @@ def _level(
             outs = fn(*(env[v] for v in seg.inputs))
             # An integer output of a fenced segment carries a (float0) tangent out of
             # its custom_vjp, which a later cond's index must not have: cut it off.
-            outs = [o if _carries_tangent(v.aval) else lax.stop_gradient(o) for v, o in zip(seg.outputs, outs)]
+            outs = [o if has_tangent(v.aval) else lax.stop_gradient(o) for v, o in zip(seg.outputs, outs)]
             env.update(zip(seg.outputs, outs))
 
     return run_level
