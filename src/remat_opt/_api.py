@@ -110,7 +110,7 @@ def optimize(
     if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
         raise InvalidOptionError(f"max_attempts must be a positive int; got {max_attempts!r}. Pass 1 or more "
                                  "(the default is 4).", argument="max_attempts", value=max_attempts)
-    _check_type("solver_options", solver_options, SolverOptions, "remat_opt.SolverOptions(...) or None")
+    _check_type("solver_options", solver_options, SolverOptions)
     check_argnums(argnums)
     if isinstance(unroll_scans, bool) or not isinstance(unroll_scans, int) or unroll_scans < 0:
         raise InvalidOptionError(f"unroll_scans must be a non-negative int (0 keeps scans whole); got "
@@ -119,7 +119,7 @@ def optimize(
         if not isinstance(value, bool):
             raise InvalidOptionTypeError(f"{flag} must be a bool; got {value!r}. Pass True or False.",
                                          argument=flag, value=value)
-    _check_type("interconnect", interconnect, Interconnect, "remat_opt.Interconnect(...) or None")
+    _check_type("interconnect", interconnect, Interconnect)
     if not isinstance(cache, (bool, str, os.PathLike)):
         raise InvalidOptionTypeError(f"cache must be True, False or a folder (str or os.PathLike); got {cache!r}. "
                                      "Pass one of those.", argument="cache", value=cache)
@@ -169,8 +169,9 @@ def _check_callable(fn: Any) -> None:
                                      "function itself.", argument="fn", value=fn)
 
 
-def _check_type(option: str, value: Any, kind: type, what: str) -> None:
-    """``value`` is ``None`` or a ``kind``."""
+def _check_type(option: str, value: Any, kind: type) -> None:
+    """``value`` is ``None`` or a ``kind`` (a class remat_opt exports)."""
     if value is not None and not isinstance(value, kind):
-        raise InvalidOptionTypeError(f"{option} must be a {what.split('(')[0]}; got {type(value).__name__}. "
-                                     f"Pass {what}.", argument=option, value=value)
+        raise InvalidOptionTypeError(f"{option} must be None or a remat_opt.{kind.__name__}; got "
+                                     f"{type(value).__name__}. Pass remat_opt.{kind.__name__}(...).",
+                                     argument=option, value=value)
