@@ -44,7 +44,7 @@ from .memory._sharded import sharded_graph, with_shardings
 from .memory._simulate import calibrate, simulate
 from .program._cost import CostModel, Interconnect
 from .program._graph import ProgramGraph, build_graph
-from .program._trace import TracedProgram, normalize_argnums, trace
+from .program._trace import TracedProgram, grad_argnums, normalize_argnums, trace
 from .rewrite._apply import apply_schedule
 from .solve._outside import outside_tiers
 from .solve._solve import SolverClock, SolverOptions, low_memory_schedules, min_peak_schedule, solve
@@ -130,7 +130,7 @@ class OptimizedFunction:
         traced = trace(self.fn, args, kwargs, argnums, self.unroll_scans)
         # fn as written, loops whole: what a plain plan and the loop plans run.
         whole = trace(self.fn, args, kwargs, argnums) if traced.unrolled_scans else traced
-        nums = argnums if len(argnums) > 1 else argnums[0]
+        nums = grad_argnums(argnums)
         # On a mesh, values take one device's bytes and collectives their cost (memory._sharded).
         graph, partitioned = sharded_graph(build_graph(traced, self.cost_model), self.fn, args, kwargs, nums,
                                            self.has_aux, self.interconnect)

@@ -38,7 +38,7 @@ from .memory._measure import gradient_flops
 from .memory._once import once_values
 from .memory._sharded import is_sharded
 from .memory._simulate import simulate
-from .program._trace import TracedProgram, normalize_argnums, trace, with_signature
+from .program._trace import TracedProgram, grad_argnums, normalize_argnums, trace, with_signature
 from .rewrite._apply import apply_schedule
 from .rewrite._loops import loop_program
 from .rewrite._policies import policy_program
@@ -76,7 +76,7 @@ def restored(optimized: Any, entry: dict, whole: TracedProgram, args: tuple, kwa
     once = len(once_values(graph, schedule)) if optimized.compute_saved_once else 0
     stored, rebuilt = plan.recompute_flops, sim.recompute_flops
     if is_sharded(args, kwargs):  # its model priced collectives off XLA's partitioned compile: check the jaxpr
-        nums = argnums if len(argnums) > 1 else argnums[0]
+        nums = grad_argnums(argnums)
         stored = plan.measured_recompute_flops
         rebuilt = gradient_flops(program, args, kwargs, nums, cost_model, optimized.has_aux) - plan.baseline_flops
     if (rebuilt, once) != (stored, plan.computed_once):
@@ -103,8 +103,7 @@ def cached_plan(optimized: Any, args: tuple, kwargs: dict) -> tuple[Plan, Callab
     whole = trace(optimized.fn, args, kwargs, argnums)
     key = plan_key(whole, optimized.budget_bytes, options_of(optimized, argnums),
                    layout_of(args, kwargs, optimized.interconnect),
-                   derivative_text(whole, optimized.fn, args, kwargs,
-                                   argnums if len(argnums) > 1 else argnums[0], optimized.has_aux))
+                   derivative_text(whole, optimized.fn, args, kwargs, grad_argnums(argnums), optimized.has_aux))
     entry = read_entry(directory, key)
     if entry is not None:
         try:

@@ -25,7 +25,7 @@ from .._plan import annotate
 from ..rewrite._apply import apply_schedule
 from .._plan import Plan
 from .._schedule import Schedule
-from ..program._trace import normalize_argnums, trace
+from ..program._trace import grad_argnums, normalize_argnums, trace
 
 STATUS = "BASELINE"
 
@@ -65,7 +65,7 @@ def reference(
     budget = parse_bytes(budget_bytes, argument="budget_bytes")
     args, kwargs = abstract(tuple(args)), abstract(dict(kwargs))
     nums_t = normalize_argnums(argnums, len(args))
-    nums = nums_t if len(nums_t) > 1 else nums_t[0]
+    nums = grad_argnums(nums_t)
     plain_peak = peak_bytes(fn, *args, argnums=nums, **kwargs)
     traced = trace(fn, args, kwargs, nums_t)
     graph = build_graph(traced, cost_model)

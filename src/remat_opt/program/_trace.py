@@ -215,6 +215,12 @@ def argnum_indices(argnums: Any) -> tuple[int, ...]:
     return tuple(int(n) for n in nums)
 
 
+def grad_argnums(nums: tuple[int, ...]) -> int | tuple[int, ...]:
+    """Normalized ``argnums`` as ``jax.grad`` takes them: an int for one argument (so its
+    gradient is not wrapped in a tuple), else the tuple."""
+    return nums if len(nums) > 1 else nums[0]
+
+
 def normalize_argnums(argnums: int | Sequence[int], num_args: int) -> tuple[int, ...]:
     """Validates ``argnums`` against the number of positional arguments.
 
