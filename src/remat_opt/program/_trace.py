@@ -453,8 +453,7 @@ def check_plannable(closed: ClosedJaxpr, differentiable: Sequence[bool]) -> froz
             "passed to remat_opt.optimize.",
         )
     tangent = _tangents(jaxpr, list(differentiable), [True] * len(jaxpr.outvars))
-    carried = frozenset(v for v, t in tangent.items() if t)
-    return carried
+    return frozenset(v for v, t in tangent.items() if t)
 
 
 def with_signature(
