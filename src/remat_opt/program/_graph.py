@@ -31,6 +31,7 @@ from jax._src import core
 from jax._src.interpreters import partial_eval as pe
 
 from ._cost import CostModel, FlopCostModel
+from ._manual import make_program_jaxpr, program_context
 from ._names import eqn_index_of, eval_program
 from ._precision import upcast_dtypes, upcasting_evaluator
 from ._source import source_line
@@ -225,9 +226,11 @@ class ProgramGraph:
 
 
 # Primitives whose output XLA lays over its input (a bitcast or the identity):
-# one buffer, counted once.
+# one buffer, counted once. ``pvary`` is JAX's cast, inside a ``shard_map``, of a value
+# the same on every device to one that varies: a change of type only, the identity on
+# each device's data (its transpose, ``psum``, is not).
 ALIASING_PRIMITIVES = frozenset(
-    {"name", "reshape", "squeeze", "expand_dims", "copy_p", "optimization_barrier", "stop_gradient"}
+    {"name", "reshape", "squeeze", "expand_dims", "copy", "optimization_barrier", "stop_gradient", "pvary"}
 )
 
 def build_graph(traced: TracedProgram, cost_model: CostModel | None = None) -> ProgramGraph:
@@ -257,13 +260,20 @@ def build_graph(traced: TracedProgram, cost_model: CostModel | None = None) -> P
         full = [next(it_d) if d else next(it_f) for d in diff]
         return eval_program(closed, full, evaluate)
 
-    def jvp(dargs: list, tangents: list, fixed: list) -> Any:
-        return jax.jvp(lambda *p: primal(list(p), fixed), dargs, tangents)
-
-    jvp_jaxpr = jax.make_jaxpr(jvp)(diff_avals, diff_avals, fixed_avals)
     nd, nf = len(diff_avals), len(fixed_avals)
+
+    def jvp(*flat: Any) -> tuple:
+        dargs, tangents, fixed = flat[:nd], flat[nd:2 * nd], list(flat[2 * nd:])
+        primals_out, tangents_out = jax.jvp(lambda *p: primal(list(p), fixed), dargs, tangents)
+        return (*primals_out, *tangents_out)
+
+    diff_inputs = [k for k, d in enumerate(diff) if d]
+    outputs = range(len(closed.jaxpr.outvars))
+    jvp_jaxpr = make_program_jaxpr(traced, jvp, [*diff_inputs, *diff_inputs, *(k for k, d in enumerate(diff) if not d)],
+                                   [*outputs, *outputs])
     unknowns = [False] * nd + [True] * nd + [False] * nf
-    known, linear, out_unknowns, res_avals = pe.partial_eval_jaxpr_nounits(jvp_jaxpr, unknowns, False)
+    with program_context(traced):
+        known, linear, out_unknowns, res_avals = pe.partial_eval_jaxpr_nounits(jvp_jaxpr, unknowns, False)
     kj = known.jaxpr
     residual_vars = {v for v in kj.outvars[len(kj.outvars) - len(res_avals):] if isinstance(v, core.Var)}
 

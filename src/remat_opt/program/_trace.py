@@ -77,6 +77,8 @@ class TracedProgram:
         unrolled_scans: how many ``scan`` equations were unrolled into ``jaxpr``
             (nested ones included); nonzero means the flat program has no loop
             where the user's has one.
+        manual: for a ``shard_map`` body, how it is traced per device
+            (:class:`remat_opt.program._manual.Manual`); ``None`` for a program of its own.
     """
 
     jaxpr: ClosedJaxpr
@@ -85,6 +87,7 @@ class TracedProgram:
     differentiable: tuple[bool, ...]
     tangent_vars: frozenset[core.Var]
     unrolled_scans: int = 0
+    manual: Any = None
 
 
 def eval_eqn(eqn: core.JaxprEqn, invals: Sequence[Any]) -> list[Any]:
@@ -177,19 +180,24 @@ class _Inliner:
         return [*carry, *stacked]
 
 
-def flatten_jaxpr(closed: ClosedJaxpr, unroll_limit: int = 0) -> tuple[ClosedJaxpr, int]:
+def flatten_jaxpr(closed: ClosedJaxpr, unroll_limit: int = 0,
+                  make_jaxpr: Callable[[Callable[..., Any], list], ClosedJaxpr] | None = None,
+                  ) -> tuple[ClosedJaxpr, int]:
     """Inlines call and checkpoint equations, recursively, keeping source info.
 
     Args:
         closed: the traced program.
         unroll_limit: scans of at most this many iterations are unrolled too.
+        make_jaxpr: ``(fn, avals) -> jaxpr``, how the program is traced
+            (``jax.make_jaxpr`` by default; a ``shard_map`` body is traced per device).
 
     Returns:
         The flat program and how many scans were unrolled into it.
     """
     avals = [v.aval for v in closed.jaxpr.invars]
     inliner = _Inliner(unroll_limit)
-    flat = jax.make_jaxpr(lambda *a: inliner.eval(closed.jaxpr, closed.consts, *a))(*avals)
+    make_jaxpr = make_jaxpr or (lambda fn, avals: jax.make_jaxpr(fn)(*avals))
+    flat = make_jaxpr(lambda *a: inliner.eval(closed.jaxpr, closed.consts, *a), avals)
     return flat, inliner.unrolled
 
 
