@@ -19,8 +19,8 @@ from typing import Any
 
 from ..program._cost import CostModel
 from ..program._graph import ProgramGraph, aval_bytes, build_graph
-from ..program._names import eval_program
-from ..program._trace import TracedProgram, with_signature
+from ..program._manual import named_program
+from ..program._trace import TracedProgram
 from ._compiled import CompiledProgram, DeferredSum, HeldBuffer, read_compiled
 from ._fusion import (
     UnknownPrimitiveWarning,
@@ -182,12 +182,11 @@ def read_plain(fn: Callable[..., Any], traced: TracedProgram, args: tuple, kwarg
 
     Args:
         fn: the user's function (its signature; the program is ``traced``'s).
-        traced: the flat program.
+        traced: the flat program (or a `shard_map` body of it, named inside its call).
         args: arguments (abstract leaves are fine), as for ``fn``.
         kwargs: keyword arguments.
         argnums: the differentiated arguments.
         has_aux: ``fn`` returns ``(loss, aux)``.
     """
-    program = with_signature(fn, traced, lambda *flat: eval_program(traced.jaxpr, flat))
-    step, step_args, step_kwargs = gradient_step(program, args, kwargs, argnums, has_aux)
+    step, step_args, step_kwargs = gradient_step(named_program(fn, traced), args, kwargs, argnums, has_aux)
     return read_compiled(step, *abstract(step_args), **abstract(step_kwargs))

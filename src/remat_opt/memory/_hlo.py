@@ -10,6 +10,7 @@ compiled with each primal equation in a name scope ``remat_opt_eqn{i}``
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -79,6 +80,45 @@ def parse_module(hlo_text: str) -> tuple[str, dict[str, list[Instruction]]]:
         computations[current].append(Instruction(name, shape, opcode, tuple(_OPERAND.findall(args)),
                                                   op_name[1] if op_name else "", calls[1] if calls else ""))
     return entry, computations
+
+
+_CALLED = re.compile(r"\b(?:calls|body|condition|to_apply|true_computation|false_computation)=%([\w.\-]+)")
+_BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
+
+
+def one_pass_total(hlo_text: str, weight: Callable[[str, str], int]) -> int:
+    """The sum of ``weight(opcode, shape)`` over the instructions one run of the module
+    executes: from the entry computation down through every computation it calls, a
+    conditional's largest branch only (one of them runs), a loop's body once."""
+    own: dict[str, int] = {}
+    calls: dict[str, list[tuple[bool, list[str]]]] = {}  # per computation: (branches?, callees)
+    entry, current = "", ""
+    for line in hlo_text.splitlines():
+        header = re.match(r"^(ENTRY )?%([\w.\-]+) .*\{\s*$", line)
+        if header:
+            current, entry = header[2], header[2] if header[1] else entry
+            own[current], calls[current] = 0, []
+            continue
+        found = _INSTRUCTION.match(line) if current else None
+        if found is None:
+            continue
+        _, shape, opcode, rest = found.groups()
+        own[current] += weight(opcode, shape)
+        branches = _BRANCHES.search(rest)
+        if branches:
+            calls[current].append((True, _OPERAND.findall(branches[1])))
+        called = _CALLED.findall(rest)
+        if called:
+            calls[current].append((opcode == "conditional", called))
+    totals: dict[str, int] = {}
+
+    def total(name: str) -> int:
+        if name not in totals:
+            totals[name] = own.get(name, 0) + sum(max(map(total, callees)) if branch else sum(map(total, callees))
+                                                  for branch, callees in calls.get(name, []))
+        return totals[name]
+
+    return total(entry)
 
 
 def origin(instruction: Instruction, computations: dict[str, list[Instruction]], index: int | None) -> str:

@@ -39,11 +39,11 @@ import numpy as np
 
 from ..program._cost import Interconnect
 from ..program._graph import ProgramGraph, Unit, _crossing_profile, aval_bytes
-from ..program._names import eval_program
+from ..program._manual import named_program
 from ..program._static import split
-from ..program._trace import TracedProgram, with_signature
+from ..program._trace import TracedProgram
 from ._compiled import _compiled_afresh
-from ._hlo import ARRAY, EQN, parse_module
+from ._hlo import ARRAY, EQN, one_pass_total, parse_module
 from ._measure import abstract, gradient_step, memory_of, mesh_sharding
 
 _COLLECTIVE = re.compile(r"^(all-gather|all-reduce|reduce-scatter|all-to-all|collective-permute)(-start)?$")
@@ -95,12 +95,11 @@ def _shapes(shape: str) -> list[tuple[tuple[int, ...], int]]:
 
 
 def collective_bytes(hlo_text: str) -> int:
-    """Bytes the collectives of a compiled (partitioned) program write per device:
-    the outputs of every all-gather, all-reduce, reduce-scatter, all-to-all and
-    collective-permute, in every computation (a conditional's branches included)."""
-    _, computations = parse_module(hlo_text)
-    return sum(_instruction_collective(i.opcode, i.shape)
-               for body in computations.values() for i in body)
+    """Bytes the collectives of a compiled (partitioned) program write per device, on one
+    pass through it (:func:`remat_opt.memory._hlo.one_pass_total`: a conditional counts its
+    largest branch, the fence's two branches being the same computation twice): the outputs
+    of every all-gather, all-reduce, reduce-scatter, all-to-all and collective-permute."""
+    return one_pass_total(hlo_text, _instruction_collective)
 
 
 def _kind(opcode: str) -> str:
@@ -116,9 +115,9 @@ def _instruction_collective(opcode: str, shape: str) -> int:
 def read_partitioned(fn: Callable[..., Any], traced: TracedProgram, args: tuple, kwargs: dict,
                      argnums: int | Sequence[int], has_aux: bool = False) -> Partitioned:
     """Compiles the plain program of ``traced`` on the (sharded, abstract) arguments,
-    every equation in its name scope, and reads its partitioned forward."""
-    program = with_signature(fn, traced, lambda *flat: eval_program(traced.jaxpr, flat))
-    step, step_args, step_kwargs = gradient_step(program, args, kwargs, argnums, has_aux)
+    every equation in its name scope, and reads its partitioned forward (of a ``shard_map``
+    body: the body's equations, named inside its call)."""
+    step, step_args, step_kwargs = gradient_step(named_program(fn, traced), args, kwargs, argnums, has_aux)
     with _compiled_afresh():  # an executable from JAX's disk cache may have lost its op_name metadata
         compiled = jax.jit(step).lower(*abstract(step_args), **abstract(step_kwargs)).compile()
     text = compiled.as_text()
@@ -248,10 +247,28 @@ def sharded_graph(graph: ProgramGraph, fn: Callable[..., Any], args: tuple, kwar
                   interconnect: Interconnect) -> tuple[ProgramGraph, Partitioned | None]:
     """``graph`` sized for one device when the arguments are sharded (else as it
     is), and XLA's partitioned plain program it was read from (else ``None``)."""
+    if graph.traced.manual is not None:  # a shard_map body: one device's values already
+        graph = with_outside_bytes(graph, args, kwargs)
     if not is_sharded(args, kwargs):
         return graph, None
     partitioned = read_partitioned(fn, graph.traced, args, kwargs, argnums, has_aux)
+    if graph.traced.manual is not None:  # its collectives priced
+        return dataclasses.replace(graph, units=_priced_units(graph, partitioned, interconnect)), partitioned
     return per_device_graph(graph, partitioned, args, kwargs, interconnect), partitioned
+
+
+def with_outside_bytes(graph: ProgramGraph, args: tuple, kwargs: dict) -> ProgramGraph:
+    """The graph of a ``shard_map`` body with what lives outside it while its backward runs,
+    on each device: the program's arguments the call does not read (a loss's targets), and
+    the cotangents of the call's outputs (a loss outside it computes them first)."""
+    manual = graph.traced.manual
+    outer = manual.outer.jaxpr.jaxpr
+    leaves, _ = split((args, kwargs))
+    read = set(outer.eqns[manual.position].invars)
+    outside = sum(_input_bytes(x, v.aval) for x, v in zip(leaves, outer.invars) if v not in read)
+    cotangents = sum(aval_bytes(v.aval) for v in graph.traced.jaxpr.jaxpr.outvars)
+    return dataclasses.replace(graph, input_bytes=graph.input_bytes + outside,
+                               output_bytes=graph.output_bytes + cotangents)
 
 
 def with_shardings(args: tuple, in_shardings: Any) -> tuple:
