@@ -50,9 +50,10 @@ from .memory._measure import gradient_flops
 from .memory._simulate import simulate
 from .program._cost import CostModel
 from .program._graph import ProgramGraph, build_graph
-from .program._scan_body import scan_body
+from .program._manual import shard_map_body
+from .program._scan_body import ScanBody, scan_body
 from .program._trace import TracedProgram, trace, with_signature
-from .rewrite._loops import LoopPlan, loop_candidates, loop_program, planned_scans, scan_lengths
+from .rewrite._loops import LoopPlan, loop_candidates, loop_program, planned_bodies, scan_lengths
 from .solve._body import choose_saved
 from .solve._solve import SolverOptions
 
@@ -178,18 +179,22 @@ def body_plans(search: LoopSearch, options: SolverOptions, max_attempts: int) ->
     """Saved sets CP-SAT chose for the body of the program's one planned scan,
     each measured on XLA (see the module's docstring). None for a program
     with no planned scan or several (their bodies would share one budget)."""
-    positions = planned_scans(search.whole)
+    positions = planned_bodies(search.whole)
     if len(positions) != 1:
         return []
-    body = scan_body(search.whole, positions[0])
+    kind = search.whole.jaxpr.jaxpr.eqns[positions[0]].primitive.name
+    if kind == "shard_map":  # one call, planned per device: a body of one iteration
+        body = ScanBody(positions[0], 1, shard_map_body(search.whole, positions[0]))
+    else:
+        body = scan_body(search.whole, positions[0])
     graph = build_graph(body.program, search.cost_model)
-    flops, program = search.program(LoopPlan(None, saved=()))
+    flops, program = search.program(LoopPlan(None, saved=(), body=kind))
     floor = search.measure(program)
     # Not a solver's choice: reported as a built-in loop plan is.
     status, gap = ("FEASIBLE", 1.0) if flops > 0 else ("OPTIMAL", 0.0)
-    plans = [LoopCandidate(LoopPlan(None, saved=()), program, flops, floor, status, gap, 0.0, 1)]
-    logger.info("scan body: %d equations, %d iterations; saving nothing in it peaks at %s on XLA",
-                len(graph.units), body.length, format_bytes(floor))
+    plans = [LoopCandidate(LoopPlan(None, saved=(), body=kind), program, flops, floor, status, gap, 0.0, 1)]
+    logger.info("%s body: %d equations, %d iterations; saving nothing in it peaks at %s on XLA",
+                kind, len(graph.units), body.length, format_bytes(floor))
     cap, seen, stretch, compiles = (search.budget - floor) // body.length, {()}, 1, 0
     measured = floor  # the last set measured: saving nothing, so far
     fitting_flops = math.inf  # per iteration, of the cheapest set measured under the budget
@@ -215,11 +220,11 @@ def body_plans(search: LoopSearch, options: SolverOptions, max_attempts: int) ->
             continue
         seen.add(choice.saved)
         compiles += 1
-        loop = LoopPlan(None, saved=choice.saved)
+        loop = LoopPlan(None, saved=choice.saved, body=kind)
         flops, program = search.program(loop)
         previous, measured = measured, search.measure(program)
-        logger.info("scan body, solve %d of %d: %d values saved (%s per iteration, %s), XLA %s (budget %s)",
-                    compiles, max_attempts, len(choice.saved), format_bytes(choice.saved_bytes), choice.status,
+        logger.info("%s body, solve %d of %d: %d values saved (%s per iteration, %s), XLA %s (budget %s)",
+                    kind, compiles, max_attempts, len(choice.saved), format_bytes(choice.saved_bytes), choice.status,
                     format_bytes(measured), format_bytes(search.budget))
         plans.append(LoopCandidate(loop, program, flops, measured, choice.status, choice.gap, seconds, compiles))
         if measured <= search.budget:

@@ -44,6 +44,7 @@ from .memory._sharded import sharded_graph, with_shardings
 from .memory._simulate import calibrate, simulate
 from .program._cost import CostModel, Interconnect
 from .program._graph import ProgramGraph, build_graph
+from .program._manual import planned_body
 from .program._trace import TracedProgram, grad_argnums, normalize_argnums, trace
 from .rewrite._apply import apply_schedule
 from .solve._outside import outside_tiers
@@ -131,6 +132,8 @@ class OptimizedFunction:
         # fn as written, loops whole: what a plain plan and the loop plans run.
         whole = trace(self.fn, args, kwargs, argnums) if traced.unrolled_scans else traced
         nums = grad_argnums(argnums)
+        # A model written as one shard_map: its body is what is planned, per device (program._manual).
+        traced = planned_body(traced) or traced
         # On a mesh, values take one device's bytes and collectives their cost (memory._sharded).
         graph, partitioned = sharded_graph(build_graph(traced, self.cost_model), self.fn, args, kwargs, nums,
                                            self.has_aux, self.interconnect)
@@ -186,7 +189,7 @@ class OptimizedFunction:
         if traced.unrolled_scans:  # the flat program as written, which ``compiled`` is when read
             flat_peak = compiled.peak_bytes if compiled else measure(self._program(graph, Schedule(plain=True)))
         graph = calibrate(graph, flat_peak)
-        whole_graph = calibrate(model_graph(whole, self.cost_model), plain_peak) if traced.unrolled_scans else graph
+        whole_graph = graph if traced is whole else calibrate(model_graph(whole, self.cost_model), plain_peak)
         budget = self.budget_bytes
         if budget >= plain_peak:  # fn runs as written, loops and all: model that program
             sim = simulate(whole_graph, Schedule(plain=True))

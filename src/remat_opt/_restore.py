@@ -38,6 +38,7 @@ from .memory._measure import gradient_flops
 from .memory._once import once_values
 from .memory._sharded import is_sharded
 from .memory._simulate import simulate
+from .program._manual import planned_body
 from .program._trace import TracedProgram, grad_argnums, normalize_argnums, trace, with_signature
 from .rewrite._apply import apply_schedule
 from .rewrite._loops import loop_program
@@ -64,7 +65,8 @@ def restored(optimized: Any, entry: dict, whole: TracedProgram, args: tuple, kwa
         program, graph = policy_program(fn, entry["plan"]["whole_policy"]), model_graph(whole, cost_model)
     else:
         scans = optimized.unroll_scans and any(e.primitive.name == "scan" for e in whole.jaxpr.jaxpr.eqns)
-        graph = model_graph(trace(fn, args, kwargs, argnums, optimized.unroll_scans) if scans else whole, cost_model)
+        traced = trace(fn, args, kwargs, argnums, optimized.unroll_scans) if scans else whole
+        graph = model_graph(planned_body(traced) or traced, cost_model)  # a shard_map body's, as planned
         if (any(not 0 <= c <= graph.num_positions for c in schedule.all_cuts())
                 or any(not 0 <= v < graph.num_nodes for v in schedule.saved)):
             raise CacheEntryError("holds a schedule outside the program traced now")

@@ -19,7 +19,15 @@ def apply_schedule(
     The plain schedule is ``fn`` itself, unless the flat program differs from
     it (scans were unrolled): then it is the flat program as written.
     ``compute_saved_once``: see :func:`optimize`.
+
+    A graph of a ``shard_map`` body (:func:`remat_opt.program._manual.planned_body`) has
+    its schedule applied to the body, per device, inside the same call of ``fn``'s program.
     """
-    if schedule.plain and not graph.traced.unrolled_scans:
+    traced = graph.traced
+    manual = traced.manual
+    if schedule.plain and not (manual.outer if manual is not None else traced).unrolled_scans:
         return fn
-    return with_signature(fn, graph.traced, rewrite(graph, schedule, compute_saved_once=compute_saved_once))
+    program = rewrite(graph, schedule, compute_saved_once=compute_saved_once)
+    if manual is None:
+        return with_signature(fn, traced, program)
+    return with_signature(fn, manual.outer, manual.outer_program(program))

@@ -22,6 +22,14 @@ measurement:
 
 Every top-level scan of the program gets the same plan (nested only where
 ``chunks`` divides its length); scans inside a scan body are left alone.
+
+A ``shard_map`` body is planned as a scan body of one iteration, per device
+(:mod:`remat_opt.program._manual`): a plan that saves names (or applies a
+built-in policy) runs the body behind the rewriter's fence
+(:func:`remat_opt.rewrite._rewrite.fenced_checkpoint`) inside the same
+``shard_map``. Unlike a loop's, a bare checkpoint there would be undone: the
+partitioned body is straight-line code, which XLA merges and hoists as it
+does any other (docs/xla_findings.md §1).
 """
 
 from __future__ import annotations
@@ -37,7 +45,9 @@ from jax._src import core
 from jax.extend.core import ClosedJaxpr
 
 from ._policies import POLICIES
+from ._rewrite import fenced_checkpoint
 from ..program._names import eval_program
+from ..program._manual import shard_map_body
 from ..program._scan_body import flat_body
 from ..program._trace import TracedProgram, eval_eqn, read_atom, scan_counts
 
@@ -54,11 +64,14 @@ class LoopPlan:
             under ``jax.checkpoint`` that saves nothing (1: no nesting).
         saved: if set (``policy`` is then ``None``), the body runs under
             ``jax.checkpoint`` saving only the values of these names.
+        body: what the planned body belongs to: ``"scan"``, or ``"shard_map"``
+            (one call's body, per device; ``chunks`` is then 1).
     """
 
     policy: str | None
     chunks: int = 1
     saved: tuple[str, ...] | None = None
+    body: str = "scan"
 
     def __post_init__(self) -> None:
         if self.policy is not None and self.saved is not None:
@@ -70,6 +83,8 @@ class LoopPlan:
         else:
             body = "body as written" if self.policy is None else f"body under {self.policy}"
         nesting = "" if self.chunks == 1 else f", iterations in {self.chunks} checkpointed groups"
+        if self.body == "shard_map":
+            return f"shard_map {body.replace('body', 'body per device', 1)}"
         return f"scan kept as a loop, {body}{nesting}"
 
 
@@ -78,6 +93,15 @@ def planned_scans(traced: TracedProgram) -> list[int]:
     return [
         i for i, e in enumerate(traced.jaxpr.jaxpr.eqns)
         if e.primitive.name == "scan" and any(v in traced.tangent_vars for v in e.outvars)
+    ]
+
+
+def planned_bodies(traced: TracedProgram) -> list[int]:
+    """Positions of the top-level scans and ``shard_map`` calls that carry a tangent: the
+    equations whose body a plan may choose the saved values of."""
+    return [
+        i for i, e in enumerate(traced.jaxpr.jaxpr.eqns)
+        if e.primitive.name in ("scan", "shard_map") and any(v in traced.tangent_vars for v in e.outvars)
     ]
 
 
@@ -148,24 +172,48 @@ def _planned_scan(eqn: core.JaxprEqn, invals: Sequence[Any], plan: LoopPlan,
     return [*carry, *(y.reshape(length, *y.shape[2:]) for y in ys)]
 
 
+def _planned_shard_map(eqn: core.JaxprEqn, invals: Sequence[Any], plan: LoopPlan, body: TracedProgram) -> list[Any]:
+    """The ``shard_map`` ``eqn`` with ``plan`` on its body: behind the fence, saving ``plan.saved``
+    (by the names of ``body``, the flat per-device body) or under ``plan.policy``."""
+    if plan.policy is None and plan.saved is None:
+        return eval_eqn(eqn, invals)
+
+    def run(*args: Any) -> tuple:
+        return tuple(eval_program(body.jaxpr, list(args)))
+
+    policy = POLICIES[plan.policy] if plan.policy is not None else None
+    fenced = fenced_checkpoint(run, plan.saved or (), body.differentiable, policy=policy)
+    return list(body.manual.wrap(fenced, range(len(eqn.invars)), range(len(eqn.outvars)))(*invals))
+
+
 def loop_program(traced: TracedProgram, plan: LoopPlan) -> Callable[..., list[Any]]:
-    """The flat program of ``traced`` (scans not unrolled) with ``plan`` on its scans.
+    """The flat program of ``traced`` (scans not unrolled) with ``plan`` on its scans, or on its
+    ``shard_map`` bodies when ``plan.body`` says so.
 
     Returns:
         A function of the flat inputs returning the flat outputs.
     """
     closed = traced.jaxpr
     jaxpr = closed.jaxpr
-    planned = set(planned_scans(traced))
+    kind = plan.body
+    planned = {i for i in planned_bodies(traced) if jaxpr.eqns[i].primitive.name == kind}
     # Flattened once, not at every trace of the program.
-    named = {i: flat_body(jaxpr.eqns[i].params["jaxpr"]) for i in planned} if plan.saved is not None else {}
+    if kind == "shard_map":
+        bodies = {i: shard_map_body(traced, i) for i in planned}
+    else:
+        named = {i: flat_body(jaxpr.eqns[i].params["jaxpr"]) for i in planned} if plan.saved is not None else {}
+
+    def planned_eqn(i: int, eqn: core.JaxprEqn, invals: list[Any]) -> list[Any]:
+        if kind == "shard_map":
+            return _planned_shard_map(eqn, invals, plan, bodies[i])
+        return _planned_scan(eqn, invals, plan, named.get(i))
 
     def program(*flat_args: Any) -> list[Any]:
         env: dict = dict(zip(jaxpr.constvars, closed.consts))
         env.update(zip(jaxpr.invars, flat_args))
         for i, eqn in enumerate(jaxpr.eqns):
             invals = [read_atom(env, v) for v in eqn.invars]
-            outs = _planned_scan(eqn, invals, plan, named.get(i)) if i in planned else eval_eqn(eqn, invals)
+            outs = planned_eqn(i, eqn, invals) if i in planned else eval_eqn(eqn, invals)
             env.update(zip(eqn.outvars, outs))
         return [read_atom(env, v) for v in jaxpr.outvars]
 
