@@ -200,6 +200,9 @@ def test_chen_schedules_on_a_chain():
     assert chen_greedy_schedule(graph, 1 << 40) == Schedule()
     # With a zero budget a segment ends right after each tanh (the residual-making positions).
     assert chen_greedy_schedule(graph, 0) == Schedule(cuts=frozenset(range(2, 25, 2)))
+    # Late: each cut moves past the dot that follows it, which makes no residual (the tanh's
+    # derivative reads the tanh's output), to the last candidate before the next tanh.
+    assert chen_greedy_schedule(graph, 0, late=True) == Schedule(cuts=frozenset({*range(3, 24, 2), 24}))
 
 
 def test_argument_errors(gpt):

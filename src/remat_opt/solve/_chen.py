@@ -75,15 +75,16 @@ def chen_sqrt_n_schedule(graph: ProgramGraph, num_segments: int | None = None) -
 
 
 def residual_bytes_by_position(graph: ProgramGraph) -> tuple[int, ...]:
-    """Per position, bytes of the residuals made there that get a buffer of their own."""
+    """Per position, bytes of the residuals made there that get a buffer of their own (not
+    a view of a program input: a weight cast to another type in a ``shard_map``)."""
     out = [0] * graph.num_positions
     for v in range(graph.num_nodes):
-        if materialized(graph, v) and not graph.is_output[v]:
+        if materialized(graph, v) and not graph.is_output[v] and graph.buffer[v] != -1:
             out[graph.position_of(v)] += graph.node_bytes[v]
     return tuple(out)
 
 
-def chen_greedy_schedule(graph: ProgramGraph, threshold_bytes: int) -> Schedule:
+def chen_greedy_schedule(graph: ProgramGraph, threshold_bytes: int, late: bool = False) -> Schedule:
     """Chen et al.'s greedy segmentation for one segment budget.
 
     Walks the positions in program order summing the residual bytes each one
@@ -92,9 +93,18 @@ def chen_greedy_schedule(graph: ProgramGraph, threshold_bytes: int) -> Schedule:
     restarts. Falls back to every position as a candidate when the program
     has fewer than one articulation point.
 
+    With ``late``, of consecutive candidates with no residual made between
+    them, the cut takes the last: the segment it ends then keeps the
+    equations that make none. In a residual stream written per device, a
+    block's projection summed across devices (``psum``) before the residual
+    add makes none: cut before it, the next segment computes it again, and
+    sums again, to rebuild the stream. Chen et al. do not say which of such
+    cuts they take; the baselines take the first.
+
     Args:
         graph: the program graph.
         threshold_bytes: the per-segment budget ``B``.
+        late: take the last of each run of candidates instead of the first.
 
     Returns:
         The schedule (no value saved by name).
@@ -105,16 +115,18 @@ def chen_greedy_schedule(graph: ProgramGraph, threshold_bytes: int) -> Schedule:
     """
     candidates = set(articulation_positions(graph)) or set(range(1, graph.num_positions))
     produced = residual_bytes_by_position(graph)
-    cuts, temp = set(), 0
+    cuts, temp, due = set(), 0, None  # due: the cut chosen, not yet placed (late)
     for p in range(graph.num_positions):
-        if p in candidates and temp > threshold_bytes:
-            cuts.add(p)
-            temp = 0
+        if p in candidates and (temp > threshold_bytes or (late and due is not None)):
+            due, temp = p, 0
+        if due is not None and (produced[p] or not late):
+            cuts.add(due)
+            due = None
         temp += produced[p]
-    return Schedule(cuts=frozenset(cuts))
+    return Schedule(cuts=frozenset(cuts | ({due} if due is not None else set())))
 
 
-def chen_greedy_candidates(graph: ProgramGraph) -> tuple[tuple[int, Schedule], ...]:
+def chen_greedy_candidates(graph: ProgramGraph, late: bool = False) -> tuple[tuple[int, Schedule], ...]:
     """Distinct greedy schedules over the threshold grid ``B = total / m``.
 
     ``total`` is all residual bytes and ``m`` runs from 1 to ``2a + 2`` for
@@ -130,14 +142,16 @@ def chen_greedy_candidates(graph: ProgramGraph) -> tuple[tuple[int, Schedule], .
     seen: dict[Schedule, int] = {}
     for m in range(1, 2 * count + 3):
         threshold = total // m
-        schedule = chen_greedy_schedule(graph, threshold)
+        schedule = chen_greedy_schedule(graph, threshold, late)
         seen.setdefault(schedule, threshold)
     return tuple((b, s) for s, b in seen.items())
 
 
 def chen_schedules(graph: ProgramGraph) -> tuple[Schedule, ...]:
-    """Chen's sqrt(n) schedule and every distinct greedy one: the segmentations
-    the solver starts from and ``optimize`` measures beside its own plans."""
+    """Chen's sqrt(n) schedule and every distinct greedy one, each run of cuts
+    taken first and last: the segmentations the solver starts from and
+    ``optimize`` measures beside its own plans."""
     found = {chen_sqrt_n_schedule(graph): None}
     found.update({s: None for _, s in chen_greedy_candidates(graph)})
+    found.update({s: None for _, s in chen_greedy_candidates(graph, late=True)})
     return tuple(found)
