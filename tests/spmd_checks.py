@@ -16,10 +16,17 @@ The model: the zoo MLP on a 2×4 mesh, sharded three ways with JAX's own SPMD pa
 - ``dp_tp``: the batch over ``data`` (2), the weights over ``model`` (4), Megatron-style
   (a column-parallel layer, then a row-parallel one);
 
-and a ``shard_map`` program (``shard_map``): each layer a ``shard_map`` written per device,
-row-parallel over ``model`` (the features and the weight's rows split, the partial products
-summed with ``psum``), the batch over ``data``. The planner sees each ``shard_map`` as one unit,
-as it sees a ``custom_vjp``: checkpoints fall between them, not inside.
+and two ``shard_map`` programs:
+
+- ``shard_map``: each layer a ``shard_map`` written per device, row-parallel over ``model``
+  (the features and the weight's rows split, the partial products summed with ``psum``), the
+  batch over ``data``. The planner sees each ``shard_map`` as one unit, as it sees a
+  ``custom_vjp``: checkpoints fall between them, not inside;
+- ``shard_map_body``: a model of Megatron MLP blocks (hidden 4× the width) in one ``shard_map``,
+  written per device (each block's first weight split by columns over ``model``, its second by
+  rows, the partial products summed with ``psum``; the batch over ``data``), the loss outside.
+  Its body is planned inside, per device (``remat_opt.program._manual``); the fenced per-block
+  policies wrap the blocks inside the body.
 
 Usage: ``python tests/spmd_checks.py [case ...]``.
 """
@@ -48,11 +55,14 @@ except ImportError:
 import remat_opt
 from remat_opt._cache import list_entries
 from remat_opt.baselines._reference import policy_plan, reference
+from remat_opt.memory._measure import traced_step
+from remat_opt.memory._sharded import collective_bytes
 from remat_opt.rewrite._policies import layer_policy_program
 from remat_opt.zoo import mlp
 
 CONFIG = mlp.MLPConfig(depth=4, width=256, batch=1024)
-BUDGET_SHARES = {"dp": (0.85,), "fsdp": (0.85,), "dp_tp": (0.97,), "shard_map": (0.9,), "dp_explicit": (0.85,)}
+BUDGET_SHARES = {"dp": (0.85,), "fsdp": (0.85,), "dp_tp": (0.97,), "shard_map": (0.9,), "dp_explicit": (0.85,),
+                 "shard_map_body": (0.74, 0.65)}
 """Budgets per case, as shares of the plain per-device peak (the experiment sweeps more). Tensor
 parallelism leaves less to remat: its lowest reachable peak on this MLP is about 0.96."""
 POLICIES = ("nothing_saveable", "dots_saveable")
@@ -75,6 +85,41 @@ def shard_map_layer(m: jax.sharding.Mesh):
     return shard_map(per_device, mesh=m, in_specs=specs, out_specs=P("data", None))
 
 
+def megatron_block(p, x):
+    """A Megatron MLP block, per device: ``x + psum(gelu(x @ w1_cols + b1_cols) @ w2_rows)``."""
+    return x + jax.lax.psum(jax.nn.gelu(x @ p["w1"] + p["b1"]) @ p["w2"], "model")
+
+
+BLOCK_SPECS = {"w1": P(None, "model"), "b1": P("model"), "w2": P("model", None)}
+
+
+def init_blocks(key: jax.Array) -> tuple:
+    """``CONFIG.depth`` blocks of width ``CONFIG.width`` (hidden 4×), and a batch, as ``mlp.init`` lays them out."""
+    d, depth = CONFIG.width, CONFIG.depth
+    k = jax.random.split(key, 2 * depth + 2)
+    layers = [{"w1": jax.random.normal(k[2 * i], (d, 4 * d)) / d ** 0.5, "b1": jnp.zeros(4 * d),
+               "w2": jax.random.normal(k[2 * i + 1], (4 * d, d)) / (8 * d ** 0.5)} for i in range(depth)]
+    batch = {"x": jax.random.normal(k[-2], (CONFIG.batch, d)), "y": jax.random.normal(k[-1], (CONFIG.batch, d))}
+    return {"layers": layers}, batch
+
+
+def init(case: str) -> tuple:
+    """The parameters and batch of a case: Megatron blocks for ``shard_map_body``, else the zoo MLP's."""
+    key = jax.random.key(0)
+    return init_blocks(key) if case == "shard_map_body" else mlp.init(CONFIG, key)
+
+
+def shard_map_model(m: jax.sharding.Mesh, wrap):
+    """A model of Megatron blocks in one ``shard_map``, per device, each block wrapped in ``wrap``."""
+    def per_device(params, x):
+        for p in params["layers"]:
+            x = wrap(megatron_block)(p, x)
+        return x
+
+    specs = ({"layers": [BLOCK_SPECS] * CONFIG.depth}, P("data"))
+    return shard_map(per_device, mesh=m, in_specs=specs, out_specs=P("data"))
+
+
 def make_loss(case: str, m: jax.sharding.Mesh):
     """The loss of a case, taking the zoo's ``layer_wrapper`` (for the per-layer policies)."""
     replicated = NamedSharding(m, P())
@@ -89,6 +134,8 @@ def make_loss(case: str, m: jax.sharding.Mesh):
             return mlp.loss(params, batch, layer_wrapper=lambda f: wrap(gathered(f)))
         if case == "shard_map":  # the zoo's layer, written per device
             return mlp.loss(params, batch, layer_wrapper=lambda f: wrap(sharded_layer))
+        if case == "shard_map_body":  # the zoo's model, written per device
+            return jnp.mean(jnp.square(shard_map_model(m, wrap)(params, batch["x"]) - batch["y"]))
         return mlp.loss(params, batch, layer_wrapper=layer_wrapper)
 
     return loss
@@ -103,6 +150,8 @@ def layouts(case: str, params) -> tuple:
         return {"layers": [{"w": P(("data", "model"), None), "b": P()} for _ in layers]}, P(("data", "model"))
     if case == "shard_map":
         return {"layers": [{"w": P("model", None), "b": P()} for _ in layers]}, P("data")
+    if case == "shard_map_body":
+        return {"layers": [BLOCK_SPECS] * len(layers)}, P("data")
     column, row = {"w": P(None, "model"), "b": P("model")}, {"w": P("model", None), "b": P()}
     return {"layers": [column if i % 2 == 0 else row for i in range(len(layers))]}, P("data")
 
@@ -114,12 +163,17 @@ def relative_error(got, want) -> float:
 
 
 def baselines(loss, args, budget: int) -> dict:
-    """The fenced per-layer policies (the per-layer plans XLA does not undo), measured as the plan is."""
+    """The fenced per-layer policies (the per-layer plans XLA does not undo), measured as the plan is,
+    with the collective bytes XLA's compiled step moves per device (a collective the policy
+    recomputes moves again)."""
     ref = reference(loss, args, {}, 0, budget, None)
     out = {}
     for policy in POLICIES:
-        plan = policy_plan(ref, f"fenced_layer_checkpoint/{policy}", layer_policy_program(loss, policy, fenced=True))
-        out[policy] = {"peak": plan.measured_peak_bytes, "flops": plan.measured_recompute_flops}
+        program = layer_policy_program(loss, policy, fenced=True)
+        plan = policy_plan(ref, f"fenced_layer_checkpoint/{policy}", program)
+        moved = collective_bytes(traced_step(program, args, {}, 0, False).lower().compile().as_text())
+        out[policy] = {"peak": plan.measured_peak_bytes, "flops": plan.measured_recompute_flops,
+                       "collective_bytes": moved}
     return out
 
 
@@ -132,7 +186,7 @@ def gathers(plan: remat_opt.Plan) -> list[dict]:
 def run_case(case: str) -> dict:
     started = time.perf_counter()
     m = mesh(case)
-    params, batch = mlp.init(CONFIG, jax.random.key(0))
+    params, batch = init(case)
     loss = make_loss(case, m)
     pspec, bspec = layouts(case, params)
     args = (jax.tree.map(lambda a, s: jax.device_put(a, NamedSharding(m, s)), params, pspec),
@@ -154,6 +208,7 @@ def run_case(case: str) -> dict:
             "budget": budget, "refused": refused, "measured": plan.measured_peak_bytes, "predicted": plan.predicted_peak_bytes,
             "recompute_flops": plan.measured_recompute_flops, "status": plan.status,
             "collective_bytes": plan.collective_bytes, "plain_collective_bytes": plan.plain_collective_bytes,
+            "flops_per_byte": plan.collective_flops_per_byte,
             "remeasured": remat_opt.peak_bytes(step, *args), "grad_error": relative_error(got, want),
             # (dp_explicit's policies are dp's: not measured twice)
             "baselines": baselines(loss, args, budget) if case != "dp_explicit" else {}, "gathers": gathers(plan), "report": str(plan),
