@@ -52,8 +52,8 @@ from .program._cost import CostModel
 from .program._graph import ProgramGraph, build_graph
 from .program._manual import shard_map_body
 from .program._scan_body import ScanBody, scan_body
-from .program._trace import TracedProgram, trace, with_signature
-from .rewrite._loops import LoopPlan, loop_candidates, loop_program, planned_bodies, scan_lengths
+from .program._trace import TracedProgram, planned_bodies, trace, with_signature
+from .rewrite._loops import LoopPlan, loop_candidates, loop_program, scan_lengths
 from .solve._body import choose_saved
 from .solve._solve import SolverOptions
 

@@ -32,7 +32,8 @@ from jax._src import shard_map as _shard_map  # the contexts JAX's own shard_map
 from jax.extend.core import ClosedJaxpr
 
 from ._names import eval_program
-from ._trace import TracedProgram, check_plannable, eval_eqn, flatten_jaxpr, read_atom, with_signature
+from ._trace import (TracedProgram, check_plannable, eval_eqn, flatten_jaxpr, planned_bodies, read_atom,
+                     with_signature)
 
 try:  # jax >= 0.7
     from jax import shard_map
@@ -89,7 +90,6 @@ class Manual:
             raise ValueError("the shard_map body did not trace to one per-device jaxpr over its inputs")
         return ClosedJaxpr(inner, ())
 
-
     def outer_program(self, body: Callable[..., Sequence[Any]]) -> Callable[..., list[Any]]:
         """The flat program of :attr:`outer` with the call running ``body`` (a function of the
         body's flat inputs returning its flat outputs) on each device in place of its own."""
@@ -131,8 +131,7 @@ def planned_body(traced: TracedProgram) -> TracedProgram | None:
     ``shard_map`` call: the only top-level ``shard_map`` or ``scan`` that carries a tangent
     (a model written per device, its loss outside). ``None`` otherwise: calls of one layer
     each are planned between them, as units (their bodies would share one budget)."""
-    bodies = [i for i, e in enumerate(traced.jaxpr.jaxpr.eqns)
-              if e.primitive.name in ("shard_map", "scan") and any(v in traced.tangent_vars for v in e.outvars)]
+    bodies = planned_bodies(traced)
     if len(bodies) != 1 or traced.jaxpr.jaxpr.eqns[bodies[0]].primitive.name != "shard_map":
         return None
     return shard_map_body(traced, bodies[0])

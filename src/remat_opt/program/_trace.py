@@ -117,6 +117,15 @@ def scan_counts(params: dict) -> tuple[int, int]:
     return len(consts), len(carry)
 
 
+def planned_bodies(traced: TracedProgram) -> list[int]:
+    """Positions of the top-level scans and ``shard_map`` calls that carry a tangent: the
+    equations whose body a plan may choose the saved values of, or plan inside."""
+    return [
+        i for i, e in enumerate(traced.jaxpr.jaxpr.eqns)
+        if e.primitive.name in ("scan", "shard_map") and any(v in traced.tangent_vars for v in e.outvars)
+    ]
+
+
 class _Inliner:
     """Evaluates a jaxpr with calls, checkpoints and short scans inlined."""
 

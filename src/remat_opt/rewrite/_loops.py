@@ -49,7 +49,7 @@ from ._rewrite import fenced_checkpoint
 from ..program._names import eval_program
 from ..program._manual import shard_map_body
 from ..program._scan_body import flat_body
-from ..program._trace import TracedProgram, eval_eqn, read_atom, scan_counts
+from ..program._trace import TracedProgram, eval_eqn, planned_bodies, read_atom, scan_counts
 
 
 @dataclass(frozen=True)
@@ -79,30 +79,18 @@ class LoopPlan:
 
     def __str__(self) -> str:
         if self.saved is not None:
-            body = f"body saving {len(self.saved)} named value{'s' if len(self.saved) != 1 else ''}"
+            body = f"saving {len(self.saved)} named value{'s' if len(self.saved) != 1 else ''}"
         else:
-            body = "body as written" if self.policy is None else f"body under {self.policy}"
-        nesting = "" if self.chunks == 1 else f", iterations in {self.chunks} checkpointed groups"
+            body = "as written" if self.policy is None else f"under {self.policy}"
         if self.body == "shard_map":
-            return f"shard_map {body.replace('body', 'body per device', 1)}"
-        return f"scan kept as a loop, {body}{nesting}"
+            return f"shard_map body per device {body}"
+        nesting = "" if self.chunks == 1 else f", iterations in {self.chunks} checkpointed groups"
+        return f"scan kept as a loop, body {body}{nesting}"
 
 
 def planned_scans(traced: TracedProgram) -> list[int]:
     """Positions of the top-level scans that carry a tangent (the ones worth planning)."""
-    return [
-        i for i, e in enumerate(traced.jaxpr.jaxpr.eqns)
-        if e.primitive.name == "scan" and any(v in traced.tangent_vars for v in e.outvars)
-    ]
-
-
-def planned_bodies(traced: TracedProgram) -> list[int]:
-    """Positions of the top-level scans and ``shard_map`` calls that carry a tangent: the
-    equations whose body a plan may choose the saved values of."""
-    return [
-        i for i, e in enumerate(traced.jaxpr.jaxpr.eqns)
-        if e.primitive.name in ("scan", "shard_map") and any(v in traced.tangent_vars for v in e.outvars)
-    ]
+    return [i for i in planned_bodies(traced) if traced.jaxpr.jaxpr.eqns[i].primitive.name == "scan"]
 
 
 def scan_lengths(traced: TracedProgram) -> list[int]:
