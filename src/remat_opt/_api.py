@@ -107,14 +107,10 @@ def optimize(
     """
     _check_callable(fn)
     budget = parse_bytes(budget_bytes, argument="budget_bytes")
-    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
-        raise InvalidOptionError(f"max_attempts must be a positive int; got {max_attempts!r}. Pass 1 or more "
-                                 "(the default is 4).", argument="max_attempts", value=max_attempts)
+    check_count("max_attempts", max_attempts, 1, " (the default is 4)")
     _check_type("solver_options", solver_options, SolverOptions)
     check_argnums(argnums)
-    if isinstance(unroll_scans, bool) or not isinstance(unroll_scans, int) or unroll_scans < 0:
-        raise InvalidOptionError(f"unroll_scans must be a non-negative int (0 keeps scans whole); got "
-                                 f"{unroll_scans!r}. Pass 0 or more.", argument="unroll_scans", value=unroll_scans)
+    check_count("unroll_scans", unroll_scans, 0, " (0 keeps scans whole)")
     for flag, value in (("has_aux", has_aux), ("compute_saved_once", compute_saved_once), ("xla_facts", xla_facts)):
         if not isinstance(value, bool):
             raise InvalidOptionTypeError(f"{flag} must be a bool; got {value!r}. Pass True or False.",
@@ -161,6 +157,15 @@ def peak_bytes(
     check_argnums(argnums)
     check_call(fn, args, kwargs, argnums, has_aux)
     return measured_peak(fn, *args, argnums=argnums, has_aux=has_aux, **kwargs)
+
+
+def check_count(option: str, value: Any, minimum: int, note: str = "") -> None:
+    """``value`` is an int (not a bool) of at least ``minimum``, 0 or 1; ``note`` follows the
+    option's kind in the error."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        kind = "a positive int" if minimum == 1 else "a non-negative int"
+        raise InvalidOptionError(f"{option} must be {kind}{note}; got {value!r}. Pass {minimum} or more.",
+                                 argument=option, value=value)
 
 
 def _check_callable(fn: Any) -> None:

@@ -40,7 +40,7 @@ from typing import Any, NamedTuple
 
 import jax
 
-from ._api import optimize
+from ._api import check_count, optimize
 from ._budget import format_bytes, parse_bytes
 from ._errors import InfeasibleBudgetError, InvalidOptionError, InvalidOptionTypeError
 from ._optimize import OptimizedFunction
@@ -148,9 +148,7 @@ def optimize_step(
                                      "that returns the training step.", argument="make_step", value=make_step)
     budget = parse_bytes(budget_bytes, argument="budget_bytes")
     donate = _donate_argnums(donate_argnums, len(step_args))
-    if isinstance(step_attempts, bool) or not isinstance(step_attempts, int) or step_attempts < 1:
-        raise InvalidOptionError(f"step_attempts must be a positive int; got {step_attempts!r}. Pass 1 or more.",
-                                 argument="step_attempts", value=step_attempts)
+    check_count("step_attempts", step_attempts, 1)
     optimize(loss_fn, budget, **optimize_options)  # checks loss_fn and the options before any compile
     args = abstract(step_args)
     loss_args, loss_kwargs = loss_arguments(make_step, loss_fn, args)

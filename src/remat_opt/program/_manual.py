@@ -32,7 +32,7 @@ from jax._src import shard_map as _shard_map  # the contexts JAX's own shard_map
 from jax.extend.core import ClosedJaxpr
 
 from ._names import eval_program
-from ._trace import (TracedProgram, check_plannable, eval_eqn, flatten_jaxpr, planned_bodies, read_atom,
+from ._trace import (TracedProgram, check_plannable, flatten_jaxpr, planned_bodies, replaced_program,
                      with_signature)
 
 try:  # jax >= 0.7
@@ -93,19 +93,8 @@ class Manual:
     def outer_program(self, body: Callable[..., Sequence[Any]]) -> Callable[..., list[Any]]:
         """The flat program of :attr:`outer` with the call running ``body`` (a function of the
         body's flat inputs returning its flat outputs) on each device in place of its own."""
-        jaxpr, consts = self.outer.jaxpr.jaxpr, self.outer.jaxpr.consts
         call = self.wrap(lambda *a: tuple(body(*a)), range(len(self.in_specs)), range(len(self.out_specs)))
-
-        def program(*flat_args: Any) -> list[Any]:
-            env: dict = dict(zip(jaxpr.constvars, consts))
-            env.update(zip(jaxpr.invars, flat_args))
-            for i, eqn in enumerate(jaxpr.eqns):
-                invals = [read_atom(env, v) for v in eqn.invars]
-                outs = list(call(*invals)) if i == self.position else eval_eqn(eqn, invals)
-                env.update(zip(eqn.outvars, outs))
-            return [read_atom(env, v) for v in jaxpr.outvars]
-
-        return program
+        return replaced_program(self.outer.jaxpr, {self.position: lambda eqn, invals: list(call(*invals))})
 
 
 def manual_of(traced: TracedProgram, position: int) -> Manual:

@@ -36,7 +36,7 @@ equation in.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,6 +101,25 @@ def eval_eqn(eqn: core.JaxprEqn, invals: Sequence[Any]) -> list[Any]:
 
 def read_atom(env: dict, atom: Any) -> Any:
     return atom.val if isinstance(atom, core.Literal) else env[atom]
+
+
+def replaced_program(closed: ClosedJaxpr, replace: Mapping[int, Callable[[core.JaxprEqn, list], list]]
+                     ) -> Callable[..., list[Any]]:
+    """The program of ``closed`` as a function of its flat inputs returning its flat outputs,
+    each equation at a position of ``replace`` run by ``replace[i](eqn, invals)`` instead of
+    bound (a loop plan's scans, a ``shard_map`` running a rewritten body)."""
+    jaxpr = closed.jaxpr
+
+    def program(*flat_args: Any) -> list[Any]:
+        env: dict = dict(zip(jaxpr.constvars, closed.consts))
+        env.update(zip(jaxpr.invars, flat_args))
+        for i, eqn in enumerate(jaxpr.eqns):
+            invals = [read_atom(env, v) for v in eqn.invars]
+            outs = replace[i](eqn, invals) if i in replace else eval_eqn(eqn, invals)
+            env.update(zip(eqn.outvars, outs))
+        return [read_atom(env, v) for v in jaxpr.outvars]
+
+    return program
 
 
 def scan_counts(params: dict) -> tuple[int, int]:

@@ -34,6 +34,7 @@ does any other (docs/xla_findings.md §1).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -49,7 +50,7 @@ from ._rewrite import fenced_checkpoint
 from ..program._names import eval_program
 from ..program._manual import shard_map_body
 from ..program._scan_body import flat_body
-from ..program._trace import TracedProgram, eval_eqn, planned_bodies, read_atom, scan_counts
+from ..program._trace import TracedProgram, eval_eqn, planned_bodies, replaced_program, scan_counts
 
 
 @dataclass(frozen=True)
@@ -181,28 +182,14 @@ def loop_program(traced: TracedProgram, plan: LoopPlan) -> Callable[..., list[An
     Returns:
         A function of the flat inputs returning the flat outputs.
     """
-    closed = traced.jaxpr
-    jaxpr = closed.jaxpr
+    jaxpr = traced.jaxpr.jaxpr
     kind = plan.body
-    planned = {i for i in planned_bodies(traced) if jaxpr.eqns[i].primitive.name == kind}
+    planned = [i for i in planned_bodies(traced) if jaxpr.eqns[i].primitive.name == kind]
     # Flattened once, not at every trace of the program.
     if kind == "shard_map":
         bodies = {i: shard_map_body(traced, i) for i in planned}
-    else:
-        named = {i: flat_body(jaxpr.eqns[i].params["jaxpr"]) for i in planned} if plan.saved is not None else {}
-
-    def planned_eqn(i: int, eqn: core.JaxprEqn, invals: list[Any]) -> list[Any]:
-        if kind == "shard_map":
-            return _planned_shard_map(eqn, invals, plan, bodies[i])
-        return _planned_scan(eqn, invals, plan, named.get(i))
-
-    def program(*flat_args: Any) -> list[Any]:
-        env: dict = dict(zip(jaxpr.constvars, closed.consts))
-        env.update(zip(jaxpr.invars, flat_args))
-        for i, eqn in enumerate(jaxpr.eqns):
-            invals = [read_atom(env, v) for v in eqn.invars]
-            outs = planned_eqn(i, eqn, invals) if i in planned else eval_eqn(eqn, invals)
-            env.update(zip(eqn.outvars, outs))
-        return [read_atom(env, v) for v in jaxpr.outvars]
-
-    return program
+        return replaced_program(traced.jaxpr, {
+            i: functools.partial(_planned_shard_map, plan=plan, body=bodies[i]) for i in planned})
+    named = {i: flat_body(jaxpr.eqns[i].params["jaxpr"]) for i in planned} if plan.saved is not None else {}
+    return replaced_program(traced.jaxpr, {
+        i: functools.partial(_planned_scan, plan=plan, named=named.get(i)) for i in planned})
