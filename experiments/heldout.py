@@ -53,7 +53,9 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 import jax
 
@@ -153,10 +155,22 @@ def run_program(name: str, fractions: tuple[float, ...], options: remat_opt.Solv
         program = PROGRAMS[name]()
     except Exception as err:  # noqa: BLE001 - a missing library, say: a row says so, the run goes on
         return [failed({**base, "kind": "plain", "strategy": "build"}, err)]
-    loss, args, nums = program.loss, program.args, program.argnums
-    params = param_bytes(program)
-    base.update(param_bytes=params)
     print(f"{name}: {program.description}; built in {time.perf_counter() - start:.1f} s", flush=True)
+    rows = measure_baselines(program, base, remat_opt.POLICIES if fractions else ())
+    plain = rows[0].get("plain_peak_bytes")
+    for fraction in fractions if plain is not None else ():
+        rows.append(measure_plan(program, fraction, rows, options)[0])
+    print(f"  {name} done in {time.perf_counter() - start:.0f} s", flush=True)
+    return rows
+
+
+def measure_baselines(program: Program, base: dict, policies: Iterable[str] = (),
+                      schedules: Iterable[str] = tuple(SCHEDULES)) -> list[dict]:
+    """Rows of the plain step, then of ``schedules`` and of ``jax.checkpoint``
+    around the loss with each of ``policies``: predicted and measured peaks.
+    Only the plain row if the plain step fails."""
+    loss, args, nums = program.loss, program.args, program.argnums
+    base = {**base, "param_bytes": param_bytes(program)}
 
     def baseline(kind: str, strategy: str, make) -> dict:
         row = {**base, "kind": kind, "strategy": strategy}
@@ -174,36 +188,47 @@ def run_program(name: str, fractions: tuple[float, ...], options: remat_opt.Solv
     plain = rows[0].get("plain_peak_bytes")
     if plain is None:
         return rows
-    print(f"  plain peak {plain / MiB:.2f} MiB, parameters {params / MiB:.2f} MiB", flush=True)
-    for strategy, fn in SCHEDULES.items():
+    print(f"  plain peak {plain / MiB:.2f} MiB, parameters {base['param_bytes'] / MiB:.2f} MiB", flush=True)
+    for strategy in schedules:
+        fn = SCHEDULES[strategy]
         rows.append(baseline("schedule", strategy, lambda fn=fn: fn(loss, *args, budget_bytes=NO_BUDGET, argnums=nums)))
-    for policy in remat_opt.POLICIES if fractions else ():  # for the plans' best baseline
+    for policy in policies:  # for the plans' best baseline
         rows.append(baseline("policy", f"checkpoint/{policy}", lambda policy=policy: remat_opt.checkpoint_policy(
             loss, policy, *args, budget_bytes=NO_BUDGET, argnums=nums)))
-
-    for fraction in fractions:
-        budget = int(fraction * plain)
-        row = {**base, "kind": "plan", "strategy": "remat_opt", "budget_fraction": fraction, "budget_bytes": budget,
-               "plain_peak_bytes": plain}
-        best = best_baseline(rows, budget)
-        row.update(best_baseline=None if best is None else best["strategy"],
-                   best_baseline_peak_bytes=None if best is None else best["measured_peak_bytes"],
-                   best_baseline_recompute_fraction=None if best is None else best["recompute_fraction"])
-        t = time.perf_counter()
-        try:
-            plan = remat_opt.optimize(loss, budget, argnums=nums, solver_options=options).plan(*args)
-        except remat_opt.InfeasibleBudgetError as err:
-            row.update(status="INFEASIBLE", min_budget_bytes=err.min_budget_bytes,
-                       min_budget_over_params_and_grads=err.min_budget_bytes / (2 * params) if params else None)
-        except Exception as err:  # noqa: BLE001 - recorded with its traceback; the run goes on
-            row = failed(row, err)
-        else:
-            row.update(plan_fields(plan), fits=plan.fits)
-        row["seconds"] = round(time.perf_counter() - t, 1)
-        print(f"  plan {fraction:.1f}  {budget / MiB:7.2f} MiB budget {'':18s} {describe(row)}", flush=True)
-        rows.append(row)
-    print(f"  {name} done in {time.perf_counter() - start:.0f} s", flush=True)
     return rows
+
+
+def measure_plan(program: Program, fraction: float, rows: list[dict], options: remat_opt.SolverOptions
+                 ) -> tuple[dict, Callable[..., Any] | None]:
+    """The row of :func:`remat_opt.optimize` at ``fraction`` of the plain peak
+    (``rows[0]``, from :func:`measure_baselines`), beside the best of ``rows``
+    that fits; and the optimized loss (``None`` where no plan was returned)."""
+    plain = rows[0]["plain_peak_bytes"]
+    budget = int(fraction * plain)
+    row = {**{k: rows[0][k] for k in ("label", "program", "param_bytes")}, "kind": "plan", "strategy": "remat_opt",
+           "budget_fraction": fraction, "budget_bytes": budget, "plain_peak_bytes": plain}
+    best = best_baseline(rows, budget)
+    row.update(best_baseline=None if best is None else best["strategy"],
+               best_baseline_peak_bytes=None if best is None else best["measured_peak_bytes"],
+               best_baseline_recompute_fraction=None if best is None else best["recompute_fraction"])
+    t = time.perf_counter()
+    step = None
+    try:
+        step = remat_opt.optimize(program.loss, budget, argnums=program.argnums, solver_options=options)
+        plan = step.plan(*program.args)
+    except remat_opt.InfeasibleBudgetError as err:
+        step = None
+        params = row["param_bytes"]
+        row.update(status="INFEASIBLE", min_budget_bytes=err.min_budget_bytes,
+                   min_budget_over_params_and_grads=err.min_budget_bytes / (2 * params) if params else None)
+    except Exception as err:  # noqa: BLE001 - recorded with its traceback; the run goes on
+        step = None
+        row = failed(row, err)
+    else:
+        row.update(plan_fields(plan), fits=plan.fits)
+    row["seconds"] = round(time.perf_counter() - t, 1)
+    print(f"  plan {fraction:.1f}  {budget / MiB:7.2f} MiB budget {'':18s} {describe(row)}", flush=True)
+    return row, step
 
 
 def summary(rows: list[dict]) -> str:

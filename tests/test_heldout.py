@@ -76,3 +76,17 @@ def test_heldout_quick(tmp_path):
     for r in plans:
         assert r["fits"] == "True" and int(r["measured_peak_bytes"]) <= int(r["budget_bytes"])
         assert 0 <= float(r["recompute_fraction"]) < 1
+
+
+def test_device_check_runs_on_the_backend_at_hand(tmp_path):
+    # experiments/device_check.py is run where a GPU is lent, rarely: kept from rotting here, on the CPU.
+    out = run_script("device_check.py", "--programs", "zoo_unet", "--fractions", "0.6", "--out", str(tmp_path))
+    assert "device cpu" in out
+    rows = read_rows(tmp_path / "device_check.csv")
+    assert [(r["kind"], r["strategy"]) for r in rows] == [
+        ("plain", "no_remat"), ("schedule", "chen_sqrt_n"), ("schedule", "chen_greedy"),
+        ("policy", "checkpoint/nothing_saveable"), ("policy", "checkpoint/dots_saveable"), ("plan", "remat_opt")]
+    plan = rows[-1]
+    assert plan["fits"] == "True" and int(plan["measured_peak_bytes"]) <= int(plan["budget_bytes"])
+    assert float(plan["grad_error_over_tolerance"]) <= 1  # gradients equal the plain step's on XLA:CPU
+    assert float(plan["step_ms"]) > 0 and float(plan["plain_step_ms"]) == float(rows[0]["step_ms"]) > 0
