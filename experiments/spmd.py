@@ -7,7 +7,9 @@ per device), each planned by ``remat_opt.optimize`` at a few per-device budgets 
 beside the fenced per-layer built-in policies. Each row: XLA's per-device peak, the recomputed
 FLOPs (counted on the jaxpr), the collective bytes per device (counted on XLA's compiled step,
 one pass: a conditional's one branch), and both priced together as the planner prices them
-(``priced_flops``: FLOPs plus 1,000 per collective byte beyond the plain step's).
+(``priced_flops``: FLOPs plus 1,000 per collective byte beyond the plain step's); and for each
+plan, its gradients' largest error against the unsharded ``jax.grad`` (``grad_error``, relative
+to each leaf's largest entry).
 
     python experiments/spmd.py [--cases dp fsdp dp_tp shard_map shard_map_body] [--shares 0.97 0.9 0.85]
 
@@ -40,7 +42,7 @@ from remat_opt.rewrite._policies import layer_policy_program
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from common import RESULTS, MiB, command, stamp, write_csv
-from spmd_checks import POLICIES, SOLVER, init, layouts, make_loss, mesh
+from spmd_checks import POLICIES, SOLVER, init, layouts, make_loss, mesh, relative_error
 
 SHARES = {"dp_tp": [0.99, 0.98, 0.97], "shard_map_body": [0.9, 0.8, 0.74, 0.65]}
 """Budgets per case, as shares of the plain per-device peak, where ``--shares`` is not given
@@ -67,27 +69,31 @@ def run_case(case: str, shares: list[float]) -> list[dict]:
             jax.tree.map(lambda a: jax.device_put(a, NamedSharding(m, bspec)), batch))
     base = gradient_flops(loss, args, {}, 0)
     plain, plain_coll = measured(loss, args)
+    want = jax.grad(loss)(params, batch)  # unsharded, one device
     rows = [{"case": case, "strategy": "plain", "budget": None, "peak": plain, "recompute_flops": 0,
-             "overhead": 0.0, "collective_bytes": plain_coll}]
+             "overhead": 0.0, "collective_bytes": plain_coll, "grad_error": 0.0}]
     for policy in POLICIES:
         program = layer_policy_program(loss, policy, fenced=True)
         peak, coll = measured(program, args)
         flops = gradient_flops(program, args, {}, 0) - base
         rows.append({"case": case, "strategy": f"fenced_layer/{policy}", "budget": None, "peak": peak,
-                     "recompute_flops": flops, "overhead": flops / base, "collective_bytes": coll})
+                     "recompute_flops": flops, "overhead": flops / base, "collective_bytes": coll,
+                     "grad_error": None})
     for share in shares:
         budget = int(plain * share)
         try:
-            plan = remat_opt.optimize(loss, budget, cache=False, solver_options=SOLVER).plan(*args)
+            step = remat_opt.optimize(loss, budget, cache=False, solver_options=SOLVER)
+            plan = step.plan(*args)
         except remat_opt.InfeasibleBudgetError as err:  # recorded: the lowest budget XLA confirmed
             print(f"{case} at {share:.2f}: below reach ({err.min_budget_bytes / MiB:.2f} MiB is)")
             rows.append({"case": case, "strategy": f"refused@{share:.2f}", "budget": budget,
                          "peak": err.min_budget_bytes, "recompute_flops": None, "overhead": None,
-                         "collective_bytes": None})
+                         "collective_bytes": None, "grad_error": None})
             continue
         rows.append({"case": case, "strategy": f"remat_opt@{share:.2f}", "budget": budget,
                      "peak": plan.measured_peak_bytes, "recompute_flops": plan.measured_recompute_flops,
-                     "overhead": plan.measured_recompute_flops / base, "collective_bytes": plan.collective_bytes})
+                     "overhead": plan.measured_recompute_flops / base, "collective_bytes": plan.collective_bytes,
+                     "grad_error": relative_error(jax.jit(jax.grad(step))(*args), want)})
         print(plan)
     for r in (r for r in rows if r["overhead"] is not None):
         print(f"  {case:6s} {r['strategy']:34s} {r['peak'] / MiB:7.3f} MiB/device  +{r['overhead']:6.1%} FLOPs  "

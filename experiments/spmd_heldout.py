@@ -29,7 +29,6 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -41,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from common import RESULTS, MiB, command, stamp, write_csv
 from spmd import measured
-from spmd_checks import POLICIES, SOLVER, mesh
+from spmd_checks import POLICIES, SOLVER, mesh, relative_error
 
 try:  # jax >= 0.7
     from jax import shard_map
@@ -120,9 +119,7 @@ def run(name: str, shares: list[float]) -> list[dict]:
                          "peak": err.min_budget_bytes, "recompute_flops": None, "collective_bytes": None,
                          "grad_error": None})
             continue
-        got = jax.jit(jax.grad(step))(*args)
-        error = max(float(np.max(np.abs(np.asarray(g) - np.asarray(w))) / (np.max(np.abs(np.asarray(w))) or 1.0))
-                    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)))
+        error = relative_error(jax.jit(jax.grad(step))(*args), want)
         rows.append({"program": name, "strategy": f"remat_opt@{share:.2f}", "budget": budget,
                      "peak": plan.measured_peak_bytes, "recompute_flops": plan.measured_recompute_flops,
                      "collective_bytes": plan.collective_bytes, "grad_error": error})

@@ -8,7 +8,7 @@ from remat_opt.memory._simulate import simulate
 from remat_opt.program._trace import trace
 from remat_opt.solve._chen import chen_schedules
 from remat_opt.solve._nesting import nested_candidates
-from remat_opt.solve._outside import outside_tiers
+from remat_opt.solve._outside import TRACED, outside_tiers
 from remat_opt.solve._policy_saves import policy_schedules
 
 
@@ -43,3 +43,27 @@ def test_schedules_the_model_runs_alike_are_measured_once():
         twins = [t for t in every if _behaviour(graph, t) == _behaviour(graph, s)]
         assert len(s.saved) == min(len(t.saved) for t in twins)
     assert len(ranked) == len(set(ranked))
+
+
+def test_the_traced_count_decides_the_ceiling_and_the_order():
+    # The model's count and the traced gradient's can disagree (JAX's partial evaluation of a
+    # checkpointed segment changes the gradient's FLOPs); a measured ceiling is a traced count.
+    args = ([jnp.full((16,), 0.1) for _ in range(9)], jnp.full((16, 4), 0.1), jnp.ones((32, 16)))
+    graph = model_graph(trace(head_on_a_chain, args, {}, (0, 1)))
+    plain = simulate(graph, Schedule(plain=True)).peak_bytes
+    per_tier = 4
+    by_model = outside_tiers(graph, 10 * plain, None, 0.15, TRACED * per_tier)[0]
+    assert len(by_model) == TRACED * per_tier >= per_tier
+    counted = []
+
+    def traced(schedule):  # the model's order, reversed
+        counted.append(schedule)
+        return -simulate(graph, schedule).recompute_flops
+
+    ceiling = traced(by_model[0][0])  # nothing at or above the model's cheapest
+    counted.clear()
+    (first, *_) = outside_tiers(graph, 10 * plain, ceiling, 0.15, per_tier, traced)
+    assert set(counted) == {s for s, _ in by_model}  # only the model's cheapest are traced
+    assert [s for s, _ in first] == [s for s, _ in by_model[::-1] if traced(s) < ceiling][:per_tier]
+    assert first  # the ceiling lets some through
+    assert all(traced(s) < ceiling for s, _ in first)

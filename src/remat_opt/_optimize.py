@@ -306,12 +306,14 @@ class OptimizedFunction:
         lowest-memory one XLA measured, for the error when nothing fits.
 
         The model ranks them in tiers (:func:`remat_opt.solve._outside.outside_tiers`:
-        within :attr:`MODEL_SLACK` of the budget, the cheapest first; then, when
+        within :attr:`MODEL_SLACK` of the budget, the cheapest first, counted on
+        the traced gradient as the ceiling is; then, when
         nothing else fits, the lowest), at most :attr:`MEASURED_CANDIDATES` each;
         XLA decides.
         """
         started = time.perf_counter()
-        tiers = outside_tiers(graph, budget, ceiling_flops, self.MODEL_SLACK, self.MEASURED_CANDIDATES)
+        traced_flops = self._flops_counter(graph, args, kwargs, nums, baseline_flops)
+        tiers = outside_tiers(graph, budget, ceiling_flops, self.MODEL_SLACK, self.MEASURED_CANDIDATES, traced_flops)
         seconds = time.perf_counter() - started
         measured_plans = []
         for tier in tiers:
@@ -322,8 +324,8 @@ class OptimizedFunction:
                 logger.info("candidate %d/%d (%d-level schedule): measured %s, predicted %s", k, len(tier),
                             schedule.depth(), format_bytes(measured), format_bytes(sim.peak_bytes))
                 status, gap = ("FEASIBLE", 1.0) if sim.recompute_flops else ("OPTIMAL", 0.0)
-                plan = self._finish(graph, sim, schedule, measured, plain_peak, program, args, kwargs, nums,
-                                    baseline_flops, status, gap, seconds, len(measured_plans) + 1)
+                plan = (self._plan(graph, sim, schedule, measured, plain_peak, traced_flops(schedule),
+                                   baseline_flops, status, gap, seconds, len(measured_plans) + 1), program)
                 measured_plans.append(plan)
                 if measured <= budget:
                     fitting.append(plan)
@@ -332,6 +334,21 @@ class OptimizedFunction:
             if fitting:
                 return min(fitting, key=lambda p: p[0].measured_recompute_flops), None
         return None, min(measured_plans, key=lambda p: p[0].measured_peak_bytes, default=None)
+
+    def _flops_counter(self, graph: ProgramGraph, args: tuple, kwargs: dict, nums: Any,
+                       baseline_flops: int) -> Callable[[Schedule], int]:
+        """A schedule's recomputed FLOPs counted on its traced gradient, as :meth:`_finish`
+        counts a measured plan's; each schedule traced once."""
+        counted: dict[Schedule, int] = {}
+
+        def traced_flops(schedule: Schedule) -> int:
+            if schedule not in counted:
+                program = self._program(graph, schedule)
+                counted[schedule] = gradient_flops(program, args, kwargs, nums, self.cost_model,
+                                                   self.has_aux) - baseline_flops
+            return counted[schedule]
+
+        return traced_flops
 
     def _solve_schedule(self, graph: ProgramGraph, budget: int, args: tuple, kwargs: dict, nums: Any,
                         measure: Callable[[Callable[..., Any]], int], baseline_flops: int,

@@ -1,14 +1,17 @@
-"""Schedules outside CP-SAT's search, ranked by the model for the planner to measure.
+"""Schedules outside CP-SAT's search, ranked for the planner to measure.
 
 CP-SAT's model does not encode nested trees (:mod:`remat_opt.solve._nesting`),
 and it may misjudge Chen's segmentations, bare and with every dot saved as a
 fenced per-layer ``dots_saveable`` would (:mod:`remat_opt.solve._policy_saves`):
 the model is conservative on heavily segmented plans, so CP-SAT can pass over
 one that XLA fits. The planner measures some of them beside CP-SAT's plan;
-here the model picks which, in tiers, and XLA decides.
+here the model picks which, in tiers, their recomputation counted as a
+measured plan's is, and XLA decides.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from .._schedule import Schedule, Simulation
 from ..memory._simulate import simulate
@@ -19,15 +22,25 @@ from ._policy_saves import policy_schedules
 
 Tier = list[tuple[Schedule, Simulation]]
 
+TRACED = 1
+"""Of the schedules within reach, this many times a tier's size, the model's
+cheapest first, are counted on their traced gradient."""
+
 
 def outside_tiers(graph: ProgramGraph, budget: int, ceiling_flops: int | None, slack: float,
-                  per_tier: int) -> list[Tier]:
+                  per_tier: int, traced_flops: Callable[[Schedule], int] | None = None) -> list[Tier]:
     """The schedules worth measuring, with the model's simulation of each, in tiers.
 
     First those the model puts within ``slack`` of ``budget`` (a share of it)
     and under the program as written (the model is calibrated on XLA's figure
     for it, so a schedule at or above it is predicted to save nothing), with
-    fewer recomputed FLOPs than ``ceiling_flops``, the cheapest first. Then,
+    fewer recomputed FLOPs than ``ceiling_flops``, the cheapest first. Where
+    ``traced_flops`` is given (a schedule's recomputed FLOPs counted on the
+    traced gradient, as a measured plan's are), the :data:`TRACED` times
+    ``per_tier`` the model puts cheapest are counted that way, and that count
+    decides against the ceiling and the order: the model prices recomputation
+    by the units it reruns, while JAX's partial evaluation of a checkpointed
+    segment can change the gradient's FLOPs either way. Then,
     when nothing fits yet (no ceiling), those the model puts lowest. At most
     ``per_tier`` each; ties broken by cuts, so the order is deterministic.
     Schedules the model runs alike (the same units recomputed, the same
@@ -49,10 +62,21 @@ def outside_tiers(graph: ProgramGraph, budget: int, ceiling_flops: int | None, s
         return t[1].recompute_flops, sorted(t[0].all_cuts())
 
     saving = simulate(graph, Schedule(plain=True)).peak_bytes
-    cheapest = sorted((t for t in sims if t[1].peak_bytes <= budget * (1 + slack) and t[1].peak_bytes < saving
-                       and (ceiling_flops is None or t[1].recompute_flops < ceiling_flops)), key=key)
+    within = sorted((t for t in sims if t[1].peak_bytes <= budget * (1 + slack) and t[1].peak_bytes < saving),
+                    key=key)
+    if traced_flops is None:
+        cheapest = [t for t in within if ceiling_flops is None or t[1].recompute_flops < ceiling_flops]
+    else:
+        cheapest = _by_traced_flops(within[:TRACED * per_tier], traced_flops, ceiling_flops)
     tiers = [cheapest[:per_tier]]
     if ceiling_flops is None:
         lowest = sorted(sims, key=lambda t: (t[1].peak_bytes, *key(t)))
         tiers.append([t for t in lowest if t not in tiers[0]][:per_tier])
     return tiers
+
+
+def _by_traced_flops(tier: Tier, traced_flops: Callable[[Schedule], int], ceiling_flops: int | None) -> Tier:
+    """The schedules of ``tier`` whose traced FLOPs are under ``ceiling_flops``, the fewest first."""
+    counted = [(traced_flops(s), sorted(s.all_cuts()), (s, sim)) for s, sim in tier]
+    return [t for flops, _, t in sorted(counted, key=lambda c: c[:2])
+            if ceiling_flops is None or flops < ceiling_flops]
