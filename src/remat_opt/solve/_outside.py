@@ -22,10 +22,6 @@ from ._policy_saves import policy_schedules
 
 Tier = list[tuple[Schedule, Simulation]]
 
-TRACED = 1
-"""Of the schedules within reach, this many times a tier's size, the model's
-cheapest first, are counted on their traced gradient."""
-
 
 def outside_tiers(graph: ProgramGraph, budget: int, ceiling_flops: int | None, slack: float,
                   per_tier: int, traced_flops: Callable[[Schedule], int] | None = None) -> list[Tier]:
@@ -36,8 +32,8 @@ def outside_tiers(graph: ProgramGraph, budget: int, ceiling_flops: int | None, s
     for it, so a schedule at or above it is predicted to save nothing), with
     fewer recomputed FLOPs than ``ceiling_flops``, the cheapest first. Where
     ``traced_flops`` is given (a schedule's recomputed FLOPs counted on the
-    traced gradient, as a measured plan's are), the :data:`TRACED` times
-    ``per_tier`` the model puts cheapest are counted that way, and that count
+    traced gradient, as a measured plan's are), the ``per_tier`` the model
+    puts cheapest are counted that way, and that count
     decides against the ceiling and the order: the model prices recomputation
     by the units it reruns, while JAX's partial evaluation of a checkpointed
     segment can change the gradient's FLOPs either way. Then,
@@ -67,7 +63,7 @@ def outside_tiers(graph: ProgramGraph, budget: int, ceiling_flops: int | None, s
     if traced_flops is None:
         cheapest = [t for t in within if ceiling_flops is None or t[1].recompute_flops < ceiling_flops]
     else:
-        cheapest = _by_traced_flops(within[:TRACED * per_tier], traced_flops, ceiling_flops)
+        cheapest = _by_traced_flops(within[:per_tier], traced_flops, ceiling_flops)
     tiers = [cheapest[:per_tier]]
     if ceiling_flops is None:
         lowest = sorted(sims, key=lambda t: (t[1].peak_bytes, *key(t)))
