@@ -45,9 +45,9 @@ from jax.extend import core
 
 from ._plan import Plan
 from ._schedule import Schedule
-from .memory._measure import mesh_sharding, traced_step
+from .memory._measure import traced_step
 from .memory._sharded import Collective, is_sharded
-from .program._static import split
+from .program._static import mesh_sharding, split
 from .program._trace import TracedProgram
 from .rewrite._loops import LoopPlan
 

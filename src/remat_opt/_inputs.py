@@ -32,7 +32,7 @@ from ._errors import (
     InvalidLossError,
     NonDifferentiableArgumentError,
 )
-from .program._static import combine, is_inexact_array, is_traced, split
+from .program._static import combine, is_inexact_array, is_traced, mesh_sharding, split
 from .program._trace import argnum_indices, normalize_argnums
 
 __all__ = ["check_argnums", "check_call"]
@@ -107,7 +107,7 @@ def _check_integer_argument(arg: Any, i: int, argnums: Any, others_float: bool) 
 def _check_traced(fn: Callable[..., Any], args: tuple, kwargs: dict, has_aux: bool) -> None:
     """Traces ``fn`` once, abstractly, to check what it returns and closes over."""
     leaves, static = split((args, kwargs))
-    specs = [jax.ShapeDtypeStruct(np.shape(x), x.dtype) for x in leaves]
+    specs = [jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=mesh_sharding(x)) for x in leaves]
 
     def flat_fn(*flat: Any) -> Any:
         a, k = combine(flat, static)

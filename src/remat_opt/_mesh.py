@@ -19,10 +19,11 @@ import jax
 from ._errors import InfeasibleBudgetError
 from ._plan import Plan
 from .memory._compiles import compile_for_figures, compiled_figures
-from .memory._measure import memory_of, mesh_sharding, traced_step
+from .memory._measure import memory_of, traced_step
 from .memory._sharded import Partitioned, collective_bytes, collective_decisions
 from .program._cost import Interconnect
 from .program._graph import ProgramGraph
+from .program._static import mesh_sharding
 
 Measure = Callable[[Callable[..., Any]], int]
 

@@ -27,7 +27,15 @@ from jax._src import config as jax_config
 from jax._src.interpreters import partial_eval as pe
 
 from ..program._cost import CostModel, jaxpr_flops
-from ..program._static import Static, combine, differentiated, is_traced, owners, split
+from ..program._static import (
+    Static,
+    combine,
+    differentiated,
+    is_traced,
+    mesh_sharding,
+    owners,
+    split,
+)
 from ..program._trace import normalize_argnums
 from ._compiles import compiled_figures
 
@@ -45,25 +53,6 @@ def abstract(tree: Any) -> Any:
         return jax.ShapeDtypeStruct(shape, dtype, sharding=mesh_sharding(x))
 
     return jax.tree_util.tree_map(lambda x: spec(x) if is_traced(x) else x, tree)
-
-
-def mesh_sharding(x: Any) -> jax.sharding.Sharding | None:
-    """The sharding of an argument laid out over several devices, else ``None``.
-
-    A ``jax.Array`` or ``jax.ShapeDtypeStruct`` with a sharding that spans more
-    than one device (a ``NamedSharding`` on a ``Mesh``, a
-    ``PositionalSharding``...) keeps it; an array on one device, a NumPy array
-    and a tracer have none, so single-device programs compile as before.
-    """
-    if isinstance(x, jax.core.Tracer) or not isinstance(x, (jax.Array, jax.ShapeDtypeStruct)):
-        return None
-    sharding = getattr(x, "sharding", None)
-    if not isinstance(sharding, jax.sharding.Sharding):
-        return None
-    try:
-        return sharding if len(sharding.device_set) > 1 else None
-    except (AttributeError, TypeError, ValueError, RuntimeError):  # an abstract sharding: no devices to compile for
-        return None
 
 
 @dataclass(frozen=True)

@@ -40,11 +40,11 @@ import numpy as np
 from ..program._cost import Interconnect
 from ..program._graph import ProgramGraph, Unit, _crossing_profile, aval_bytes
 from ..program._manual import named_program
-from ..program._static import split
+from ..program._static import mesh_sharding, split
 from ..program._trace import TracedProgram
 from ._compiled import _compiled_afresh
 from ._hlo import ARRAY, EQN, one_pass_total, parse_module
-from ._measure import abstract, gradient_step, memory_of, mesh_sharding
+from ._measure import abstract, gradient_step, memory_of
 
 _COLLECTIVE = re.compile(r"^(all-gather|all-reduce|reduce-scatter|all-to-all|collective-permute)(-start)?$")
 _ARRAYS = re.compile(r"([a-z]+\d*)\[([\d,]*)\]")

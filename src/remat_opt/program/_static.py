@@ -168,3 +168,22 @@ def _label(arguments: Any, index: int) -> str:
     path = jax.tree_util.tree_flatten_with_path(arguments)[0][index][0]
     head = {0: "args", 1: "kwargs"}.get(getattr(path[0], "idx", None), "") if path else ""
     return head + jax.tree_util.keystr(tuple(path[1:] if head else path))
+
+
+def mesh_sharding(x: Any) -> jax.sharding.Sharding | None:
+    """The sharding of an argument laid out over several devices, else ``None``.
+
+    A ``jax.Array`` or ``jax.ShapeDtypeStruct`` with a sharding that spans more
+    than one device (a ``NamedSharding`` on a ``Mesh``, a
+    ``PositionalSharding``...) keeps it; an array on one device, a NumPy array
+    and a tracer have none, so single-device programs compile as before.
+    """
+    if isinstance(x, jax.core.Tracer) or not isinstance(x, (jax.Array, jax.ShapeDtypeStruct)):
+        return None
+    sharding = getattr(x, "sharding", None)
+    if not isinstance(sharding, jax.sharding.Sharding):
+        return None
+    try:
+        return sharding if len(sharding.device_set) > 1 else None
+    except (AttributeError, TypeError, ValueError, RuntimeError):  # an abstract sharding: no devices to compile for
+        return None

@@ -51,7 +51,7 @@ from jax.extend.core import ClosedJaxpr
 
 from .._errors import InvalidArgnumsError, InvalidArgnumsTypeError, UnsupportedProgramError
 from ._source import at_call_site
-from ._static import combine, differentiated, split
+from ._static import combine, differentiated, mesh_sharding, split
 
 # Primitives whose only job is to group equations; inlined on tracing.
 _CALL_PARAMS = {"jit": "jaxpr", "pjit": "jaxpr", "closed_call": "call_jaxpr", "core_call": "call_jaxpr"}
@@ -308,7 +308,7 @@ def trace(
             plan through (see :func:`check_plannable`).
     """
     leaves, static = split((args, kwargs))
-    specs = [jax.ShapeDtypeStruct(np.shape(x), x.dtype) for x in leaves]
+    specs = [jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=mesh_sharding(x)) for x in leaves]
     diff = differentiated(args, kwargs, argnums)
 
     out_tree_box: list = []
