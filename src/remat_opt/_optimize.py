@@ -312,14 +312,18 @@ class OptimizedFunction:
         XLA decides.
         """
         started = time.perf_counter()
-        program_of, traced_flops = self._traced_programs(graph, args, kwargs, nums, baseline_flops)
+        # Each schedule's program built once: its gradient's trace (kept with the function,
+        # traced_step) serves its FLOP count and its compile.
+        program_of = functools.cache(lambda schedule: self._program(graph, schedule))
+        traced_flops = functools.cache(lambda schedule: gradient_flops(  # as _finish counts a measured plan's
+            program_of(schedule), args, kwargs, nums, self.cost_model, self.has_aux) - baseline_flops)
         tiers = outside_tiers(graph, budget, ceiling_flops, self.MODEL_SLACK, self.MEASURED_CANDIDATES, traced_flops)
         seconds = time.perf_counter() - started
         measured_plans = []
         for tier in tiers:
             fitting = []
             for k, (schedule, sim) in enumerate(tier, 1):
-                program = program_of(schedule)  # traced once, for its FLOPs and its compile
+                program = program_of(schedule)
                 measured = measure(program)
                 logger.info("candidate %d/%d (%d-level schedule): measured %s, predicted %s", k, len(tier),
                             schedule.depth(), format_bytes(measured), format_bytes(sim.peak_bytes))
@@ -334,27 +338,6 @@ class OptimizedFunction:
             if fitting:
                 return min(fitting, key=lambda p: p[0].measured_recompute_flops), None
         return None, min(measured_plans, key=lambda p: p[0].measured_peak_bytes, default=None)
-
-    def _traced_programs(self, graph: ProgramGraph, args: tuple, kwargs: dict, nums: Any, baseline_flops: int,
-                         ) -> tuple[Callable[[Schedule], Callable[..., Any]], Callable[[Schedule], int]]:
-        """Per schedule, ``fn`` under it, built once (its gradient's trace is kept with it,
-        :func:`~remat_opt.memory._measure.traced_step`, for its compile too); and its
-        recomputed FLOPs counted on that trace, as :meth:`_finish` counts a measured plan's."""
-        programs: dict[Schedule, Callable[..., Any]] = {}
-        counted: dict[Schedule, int] = {}
-
-        def program_of(schedule: Schedule) -> Callable[..., Any]:
-            if schedule not in programs:
-                programs[schedule] = self._program(graph, schedule)
-            return programs[schedule]
-
-        def traced_flops(schedule: Schedule) -> int:
-            if schedule not in counted:
-                counted[schedule] = gradient_flops(program_of(schedule), args, kwargs, nums, self.cost_model,
-                                                   self.has_aux) - baseline_flops
-            return counted[schedule]
-
-        return program_of, traced_flops
 
     def _solve_schedule(self, graph: ProgramGraph, budget: int, args: tuple, kwargs: dict, nums: Any,
                         measure: Callable[[Callable[..., Any]], int], baseline_flops: int,
