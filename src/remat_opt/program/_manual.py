@@ -32,8 +32,8 @@ from jax._src import shard_map as _shard_map  # the contexts JAX's own shard_map
 from jax.extend.core import ClosedJaxpr
 
 from ._names import eval_program
-from ._trace import (TracedProgram, check_plannable, flatten_jaxpr, planned_bodies, replaced_program,
-                     with_signature)
+from ._eval import replaced_program
+from ._trace import TracedProgram, check_plannable, flatten_jaxpr, planned_bodies, with_signature
 
 try:  # jax >= 0.7
     from jax import shard_map

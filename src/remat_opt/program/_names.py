@@ -22,7 +22,7 @@ from jax._src import core, source_info_util
 from jax.ad_checkpoint import checkpoint_name
 from jax.extend.core import ClosedJaxpr
 
-from ._trace import eval_eqn, read_atom
+from ._eval import eval_eqn, read_atom
 
 _SCOPE = "remat_opt_eqn"
 _SCOPE_RE = re.compile(rf"{_SCOPE}(\d+)")

@@ -31,7 +31,7 @@ from jax import lax
 from jax._src import core, source_info_util
 
 from ._names import Evaluator
-from ._trace import eval_eqn
+from ._eval import eval_eqn
 
 # Primitives XLA:CPU computes in float32 when their operands are half precision.
 UPCAST_PRIMITIVES = frozenset({"dot_general", "conv_general_dilated"})

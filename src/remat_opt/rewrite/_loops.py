@@ -50,7 +50,8 @@ from ._rewrite import fenced_checkpoint
 from ..program._names import eval_program
 from ..program._manual import shard_map_body
 from ..program._scan_body import flat_body
-from ..program._trace import TracedProgram, eval_eqn, planned_bodies, replaced_program, scan_counts
+from ..program._eval import eval_eqn, replaced_program
+from ..program._trace import TracedProgram, planned_bodies, scan_counts
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,8 @@ from ..program._graph import ProgramGraph
 from ..program._names import eval_named, is_nameable, value_name
 from ..memory._once import computed_once, first_element, once_values
 from .._schedule import Schedule
-from ..program._trace import has_tangent, read_atom
+from ..program._eval import read_atom
+from ..program._trace import has_tangent
 
 
 @dataclass(frozen=True)
