@@ -68,7 +68,7 @@ def eval_named(
 ) -> None:
     """Evaluates primal equations ``start:stop`` into ``env``, scoped and named.
 
-    ``evaluate`` binds one equation (:func:`remat_opt.program._trace.eval_eqn`); the
+    ``evaluate`` binds one equation (:func:`remat_opt.program._eval.eval_eqn`); the
     graph passes one that spells out what XLA does inside an equation.
     ``wrap(i, k, value)``, if given, replaces each floating output before it
     is named (the rewriter's :func:`remat_opt.memory._once.computed_once`).
