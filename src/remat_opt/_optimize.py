@@ -36,6 +36,7 @@ from ._plan import Plan, annotate
 from ._policy_planning import PolicyCandidate, counted_policies, measured_policies, within_reach
 from ._restore import cached_plan
 from ._schedule import Schedule, Simulation
+from ._steering import Steering, steered_plan
 from ._verify import verified
 from .memory._facts import check_known, model_graph, read_plain, with_memory_facts
 from .memory._measure import Signature, abstract, gradient_flops, signature
@@ -48,7 +49,7 @@ from .program._manual import planned_body
 from .program._trace import TracedProgram, grad_argnums, normalize_argnums, trace
 from .rewrite._apply import apply_schedule
 from .solve._outside import outside_tiers
-from .solve._solve import SolverClock, SolverOptions, low_memory_schedules, min_peak_schedule, solve
+from .solve._solve import SolverClock, SolverOptions
 
 logger = logging.getLogger("remat_opt")
 """Progress of a plan (stages, solves, measurements) at INFO level; silent unless configured,
@@ -221,8 +222,8 @@ class OptimizedFunction:
         loop_ceiling = best_loop[0].measured_recompute_flops + 1 if best_loop is not None else None
         clock = SolverClock()
         try:
-            planned = self._solve_schedule(graph, budget, args, kwargs, nums, measure, baseline_flops, plain_peak,
-                                           loop_ceiling, clock)
+            steering = self._steering(graph, args, kwargs, nums, measure, baseline_flops, plain_peak)
+            planned = steered_plan(graph, budget, loop_ceiling, clock, steering)
         except InfeasibleBudgetError as err:
             planned, infeasible = None, err
         planned_flops = planned[0].measured_recompute_flops if planned is not None else None
@@ -287,7 +288,7 @@ class OptimizedFunction:
 
     RELAX_SLACK = 0.02
     """A plan XLA fits and the model over-predicted by more than this share of the
-    budget is re-solved under a target loosened by the error (see :meth:`_solve_schedule`)."""
+    budget is re-solved under a target loosened by the error (:mod:`remat_opt._steering`)."""
 
     MEASURED_CANDIDATES = 3
     """Schedules outside CP-SAT's search measured on XLA, at most, per tier and plan."""
@@ -339,113 +340,18 @@ class OptimizedFunction:
                 return min(fitting, key=lambda p: p[0].measured_recompute_flops), None
         return None, min(measured_plans, key=lambda p: p[0].measured_peak_bytes, default=None)
 
-    def _solve_schedule(self, graph: ProgramGraph, budget: int, args: tuple, kwargs: dict, nums: Any,
-                        measure: Callable[[Callable[..., Any]], int], baseline_flops: int,
-                        plain_peak: int, ceiling_flops: int | None, clock: SolverClock,
-                        ) -> tuple[Plan, Callable[..., Any]] | None:
-        """CP-SAT's schedule on ``graph``, its target steered by what XLA measures.
+    def _steering(self, graph: ProgramGraph, args: tuple, kwargs: dict, nums: Any,
+                  measure: Callable[[Callable[..., Any]], int], baseline_flops: int, plain_peak: int) -> Steering:
+        """This call's limits and stages, for CP-SAT's search steered by XLA (:mod:`remat_opt._steering`)."""
 
-        Every plan is measured; XLA's figure against the model's is the
-        model's error on this program, fed back into the next target. A plan
-        over the budget tightens the target by its overshoot (and a margin).
-        A plan that fits, recomputes something, and that the model predicted
-        above XLA's figure by more than :attr:`RELAX_SLACK` of the budget,
-        loosens it by that error (but not to a target whose plan XLA put
-        over): the model was conservative there, and a cheaper plan may
-        still fit. (Budget left unused by an exact prediction is not a
-        reason: the next plan up is then over.) The plan XLA
-        fits with the fewest recomputed FLOPs wins; at most ``max_attempts``
-        solves.
+        def finish(sim, schedule, measured, program, status, gap, seconds, attempts):
+            return self._finish(graph, sim, schedule, measured, plain_peak, program, args, kwargs, nums,
+                                baseline_flops, status, gap, seconds, attempts)
 
-        ``None`` when a plan of ``ceiling_flops`` already fits and the model
-        counts that many or more for CP-SAT's schedule (a tightened target only
-        costs more), or, for every lowest-memory schedule left to measure, that
-        many or more or a peak beyond :attr:`MODEL_SLACK` of the budget.
-        """
-        target, solve_seconds, bound, lowest, solves = budget, 0.0, 0.0, None, 0
-        best: tuple[Plan, Callable[..., Any]] | None = None
-        best_target, over_target = 0, None  # the fitting plan's target; the least target XLA put over
-        seen: set[Schedule] = set()
-        above_ceiling = False
-        for attempt in range(1, self.max_attempts + 1):
-            solves = attempt
-            started = time.perf_counter()
-            try:
-                solution = solve(graph, target, self.solver_options)
-            except InfeasibleBudgetError as err:
-                solve_seconds += clock.add(time.perf_counter() - started)  # the lowest-memory search, inside
-                lowest = err.schedule
-                break  # nothing under the target in the model: XLA may still take the lowest-memory schedule
-            solve_seconds += clock.add(solution.solve_seconds)
-            bound = bound or solution.bound_flops
-            logger.info("solve %d/%d: target %s, %s in %.1fs, %s FLOPs recomputed (bound %.0f)", attempt,
-                        self.max_attempts, format_bytes(target), solution.status, solution.solve_seconds,
-                        f"{solution.objective_flops:,}", solution.bound_flops)
-            if ceiling_flops is not None and solution.objective_flops >= ceiling_flops:
-                above_ceiling = True
-                break
-            if solution.schedule in seen:
-                break  # the target moved, the plan did not
-            seen.add(solution.schedule)
-            program = self._program(graph, solution.schedule)
-            measured, predicted = measure(program), simulate(graph, solution.schedule).peak_bytes
-            logger.info("measured on XLA: %s against a budget of %s (predicted %s)", format_bytes(measured),
-                        format_bytes(budget), format_bytes(predicted))
-            if measured <= budget:
-                sim = simulate(graph, solution.schedule)
-                plan = self._finish(graph, sim, solution.schedule, measured, plain_peak, program, args, kwargs,
-                                    nums, baseline_flops, solution.status, solution.gap, solve_seconds, attempt)
-                if best is None or plan[0].measured_recompute_flops < best[0].measured_recompute_flops:
-                    best, best_target = plan, target
-                over_predicted = sim.peak_bytes - measured  # the model's error on this program, here
-                if solution.objective_flops == 0 or over_predicted <= budget * self.RELAX_SLACK:
-                    break
-                target += over_predicted
-                if over_target is not None:
-                    target = min(target, (best_target + over_target) // 2)
-                continue
-            over_target = target if over_target is None else min(over_target, target)
-            # Tightened by the overshoot and a margin: a plan the model misjudges by a
-            # percent or two would otherwise cost every attempt, each just over.
-            target -= measured - budget + budget // self.RETRY_MARGIN
-            if best is not None:
-                target = max(target, (best_target + over_target) // 2)
-        if best is not None:
-            plan, program = best
-            return dataclasses.replace(plan, solve_seconds=solve_seconds, attempts=solves), program
-        if above_ceiling:
-            return None
-        # XLA kept measuring the model's plans over budget, or the model found
-        # none under the tightened target: one of the lowest-memory schedules
-        # may still fit (the model ranks them within a few percent of each
-        # other, XLA decides). The cheapest that fits is taken; it recomputes
-        # more than needed, and its gap says by how much.
-        if lowest is None:
-            started = time.perf_counter()
-            lowest = min_peak_schedule(graph, self.solver_options)
-            solve_seconds += clock.add(time.perf_counter() - started)
-        sims = {c: simulate(graph, c) for c in low_memory_schedules(graph, lowest, self.FALLBACK_CANDIDATES)}
-        flops = {c: sim.recompute_flops for c, sim in sims.items()}
-        if ceiling_flops is not None:  # a plan fits: only a cheaper one within the model's slack is worth a compile
-            slack = budget * (1 + self.MODEL_SLACK)
-            flops = {c: f for c, f in flops.items() if f < ceiling_flops and sims[c].peak_bytes <= slack}
-            if not flops:
-                return None
-        tried = []
-        for k, (candidate, candidate_flops) in enumerate(flops.items(), 1):
-            program = self._program(graph, candidate)
-            tried.append((measure(program), candidate_flops, candidate, program))
-            logger.info("lowest-memory schedule %d/%d: measured %s, predicted %s", k, len(flops),
-                        format_bytes(tried[-1][0]), format_bytes(sims[candidate].peak_bytes))
-        fitting = [t for t in tried if t[0] <= budget]
-        if not fitting:
-            measured, _, schedule, _ = min(tried, key=lambda t: t[:2])
-            raise self._infeasible(graph, schedule, measured, plain_peak)
-        measured, _, schedule, program = min(fitting, key=lambda t: t[1])
-        sim = simulate(graph, schedule)
-        gap = max(0.0, (sim.recompute_flops - bound) / sim.recompute_flops) if sim.recompute_flops else 0.0
-        return self._finish(graph, sim, schedule, measured, plain_peak, program, args, kwargs, nums,
-                            baseline_flops, "FEASIBLE", gap, solve_seconds, solves + 1)
+        return Steering(self.solver_options, self.max_attempts, self.RELAX_SLACK, self.RETRY_MARGIN,
+                        self.FALLBACK_CANDIDATES, self.MODEL_SLACK, functools.partial(self._program, graph),
+                        measure, finish, lambda schedule, measured: self._infeasible(graph, schedule, measured,
+                                                                                       plain_peak))
 
     def _policy_plan(self, graph: ProgramGraph, candidate: PolicyCandidate, plain_peak: int, baseline_flops: int,
                      solve_seconds: float) -> tuple[Plan, Callable[..., Any]]:

@@ -1,0 +1,194 @@
+"""CP-SAT's schedule for a budget, its target steered by what XLA measures.
+
+Every schedule CP-SAT returns is compiled and measured; XLA's figure against
+the model's is the model's error on this program, fed back into the next
+target. A plan over the budget tightens the target by its overshoot (and a
+margin). A plan that fits, recomputes something, and that the model
+predicted above XLA's figure by more than ``relax_slack`` of the budget
+loosens it by that error (but not to a target whose plan XLA put over): the
+model was conservative there, and a cheaper plan may still fit. Budget left
+unused by an exact prediction is not a reason: the next plan up is then over.
+The plan XLA fits with the fewest recomputed FLOPs wins.
+
+When nothing CP-SAT returned fits, the lowest-memory schedules are measured
+(:func:`lowest_memory_plan`): the model ranks them within a few percent of
+each other, and XLA decides.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ._budget import format_bytes
+from ._errors import InfeasibleBudgetError
+from ._plan import Plan
+from ._schedule import Schedule, Simulation
+from .memory._simulate import simulate
+from .program._graph import ProgramGraph
+from .solve._solve import SolverClock, SolverOptions, low_memory_schedules, min_peak_schedule, solve
+
+logger = logging.getLogger("remat_opt")
+
+Planned = tuple[Plan, Callable[..., Any]]
+"""A plan and the rewritten function that runs it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Steering:
+    """What the steered search needs from the planner: its limits, and how a
+    schedule becomes a program, a measurement and a plan.
+
+    Attributes:
+        options: CP-SAT's settings for every solve.
+        max_attempts: solves at most.
+        relax_slack: an over-prediction, as a share of the budget, that loosens the target.
+        retry_margin: a tightened target is under by the overshoot plus 1/``retry_margin`` of the budget.
+        fallback_candidates: lowest-memory schedules measured before a budget is out of reach.
+        model_slack: how far over the budget the model may put a schedule still worth a compile.
+        program: the function rewritten under a schedule.
+        measure: XLA's peak of a function's gradient step.
+        finish: the plan of a measured schedule, from (simulation, schedule, measured peak,
+            program, solver status, gap, solve seconds, attempts).
+        infeasible: the error for a budget below reach, from the lowest-memory schedule
+            and its measured peak.
+    """
+
+    options: SolverOptions
+    max_attempts: int
+    relax_slack: float
+    retry_margin: int
+    fallback_candidates: int
+    model_slack: float
+    program: Callable[[Schedule], Callable[..., Any]]
+    measure: Callable[[Callable[..., Any]], int]
+    finish: Callable[[Simulation, Schedule, int, Callable[..., Any], str, float, float, int], Planned]
+    infeasible: Callable[[Schedule, int], InfeasibleBudgetError]
+
+
+@dataclasses.dataclass
+class _Search:
+    """What the steered solves leave: the best fitting plan, and what the fallback needs."""
+
+    best: Planned | None = None
+    lowest: Schedule | None = None  # the solver's own lowest-memory schedule, when it found none under a target
+    bound: float = 0.0
+    seconds: float = 0.0
+    solves: int = 0
+    above_ceiling: bool = False
+
+
+def steered_plan(graph: ProgramGraph, budget: int, ceiling_flops: int | None, clock: SolverClock,
+                 steering: Steering) -> Planned | None:
+    """CP-SAT's cheapest schedule that XLA fits in ``budget``, at most ``max_attempts`` solves.
+
+    ``None`` when a plan of ``ceiling_flops`` already fits and the model counts
+    that many or more for CP-SAT's schedule (a tightened target only costs
+    more), or, for every lowest-memory schedule left to measure, that many or
+    more or a peak beyond ``model_slack`` of the budget.
+
+    Raises:
+        InfeasibleBudgetError: no schedule measured fits, none fitting anywhere else yet.
+    """
+    search = _steer(graph, budget, ceiling_flops, clock, steering)
+    if search.best is not None:
+        plan, program = search.best
+        return dataclasses.replace(plan, solve_seconds=search.seconds, attempts=search.solves), program
+    if search.above_ceiling:
+        return None
+    return lowest_memory_plan(graph, budget, ceiling_flops, clock, steering, search)
+
+
+def _steer(graph: ProgramGraph, budget: int, ceiling_flops: int | None, clock: SolverClock,
+           steering: Steering) -> _Search:
+    """Solves under a target that XLA's measurements move, as the module says."""
+    search, target = _Search(), budget
+    best_target, over_target = 0, None  # the fitting plan's target; the least target XLA put over
+    seen: set[Schedule] = set()
+    for attempt in range(1, steering.max_attempts + 1):
+        search.solves = attempt
+        started = time.perf_counter()
+        try:
+            solution = solve(graph, target, steering.options)
+        except InfeasibleBudgetError as err:
+            search.seconds += clock.add(time.perf_counter() - started)  # the lowest-memory search, inside
+            search.lowest = err.schedule
+            break  # nothing under the target in the model: XLA may still take the lowest-memory schedule
+        search.seconds += clock.add(solution.solve_seconds)
+        search.bound = search.bound or solution.bound_flops
+        logger.info("solve %d/%d: target %s, %s in %.1fs, %s FLOPs recomputed (bound %.0f)", attempt,
+                    steering.max_attempts, format_bytes(target), solution.status, solution.solve_seconds,
+                    f"{solution.objective_flops:,}", solution.bound_flops)
+        if ceiling_flops is not None and solution.objective_flops >= ceiling_flops:
+            search.above_ceiling = True
+            break
+        if solution.schedule in seen:
+            break  # the target moved, the plan did not
+        seen.add(solution.schedule)
+        program = steering.program(solution.schedule)
+        sim = simulate(graph, solution.schedule)
+        measured = steering.measure(program)
+        logger.info("measured on XLA: %s against a budget of %s (predicted %s)", format_bytes(measured),
+                    format_bytes(budget), format_bytes(sim.peak_bytes))
+        if measured <= budget:
+            plan = steering.finish(sim, solution.schedule, measured, program, solution.status, solution.gap,
+                                   search.seconds, attempt)
+            if search.best is None or plan[0].measured_recompute_flops < search.best[0].measured_recompute_flops:
+                search.best, best_target = plan, target
+            over_predicted = sim.peak_bytes - measured  # the model's error on this program, here
+            if solution.objective_flops == 0 or over_predicted <= budget * steering.relax_slack:
+                break
+            target += over_predicted
+            if over_target is not None:
+                target = min(target, (best_target + over_target) // 2)
+            continue
+        over_target = target if over_target is None else min(over_target, target)
+        # Tightened by the overshoot and a margin: a plan the model misjudges by a
+        # percent or two would otherwise cost every attempt, each just over.
+        target -= measured - budget + budget // steering.retry_margin
+        if search.best is not None:
+            target = max(target, (best_target + over_target) // 2)
+    return search
+
+
+def lowest_memory_plan(graph: ProgramGraph, budget: int, ceiling_flops: int | None, clock: SolverClock,
+                       steering: Steering, search: _Search) -> Planned | None:
+    """The cheapest of the lowest-memory schedules that XLA fits, after CP-SAT's did not.
+
+    It recomputes more than needed, and its gap against the solver's bound
+    says by how much. With a plan of ``ceiling_flops`` already fitting, only a
+    cheaper schedule within ``model_slack`` of the budget is compiled, and
+    ``None`` is returned when there is none.
+
+    Raises:
+        InfeasibleBudgetError: XLA fits none of them; it names the lowest measured.
+    """
+    lowest = search.lowest
+    if lowest is None:
+        started = time.perf_counter()
+        lowest = min_peak_schedule(graph, steering.options)
+        search.seconds += clock.add(time.perf_counter() - started)
+    sims = {c: simulate(graph, c) for c in low_memory_schedules(graph, lowest, steering.fallback_candidates)}
+    flops = {c: sim.recompute_flops for c, sim in sims.items()}
+    if ceiling_flops is not None:  # a plan fits: only a cheaper one within the model's slack is worth a compile
+        slack = budget * (1 + steering.model_slack)
+        flops = {c: f for c, f in flops.items() if f < ceiling_flops and sims[c].peak_bytes <= slack}
+        if not flops:
+            return None
+    tried = []
+    for k, (candidate, candidate_flops) in enumerate(flops.items(), 1):
+        program = steering.program(candidate)
+        tried.append((steering.measure(program), candidate_flops, candidate, program))
+        logger.info("lowest-memory schedule %d/%d: measured %s, predicted %s", k, len(flops),
+                    format_bytes(tried[-1][0]), format_bytes(sims[candidate].peak_bytes))
+    fitting = [t for t in tried if t[0] <= budget]
+    if not fitting:
+        measured, _, schedule, _ = min(tried, key=lambda t: t[:2])
+        raise steering.infeasible(schedule, measured)
+    measured, _, schedule, program = min(fitting, key=lambda t: t[1])
+    sim = simulate(graph, schedule)
+    gap = max(0.0, (sim.recompute_flops - search.bound) / sim.recompute_flops) if sim.recompute_flops else 0.0
+    return steering.finish(sim, schedule, measured, program, "FEASIBLE", gap, search.seconds, search.solves + 1)
