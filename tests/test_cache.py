@@ -17,6 +17,7 @@ from jax import lax
 import remat_opt
 import remat_opt._mesh as mesh_module
 import remat_opt._optimize as optimize_module
+import remat_opt._steering as steering_module
 from remat_opt import CacheWarning, peak_bytes
 from remat_opt._cache import list_entries
 
@@ -31,7 +32,9 @@ def _refuse(name):
 
 def forbid_planning(monkeypatch):
     """Makes every way planning solves or compiles raise (solves, XLA's measure and facts, FLOP counts)."""
-    for name in ("solve", "min_peak_schedule", "low_memory_schedules", "read_plain", "gradient_flops"):
+    for name in ("solve", "min_peak_schedule", "low_memory_schedules"):
+        monkeypatch.setattr(steering_module, name, _refuse(name))
+    for name in ("read_plain", "gradient_flops"):
         monkeypatch.setattr(optimize_module, name, _refuse(name))
     monkeypatch.setattr(mesh_module, "compiled_figures", _refuse("compiled_figures"))  # every program's measure
 
