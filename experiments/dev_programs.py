@@ -16,6 +16,12 @@ step peaks at a few to a few tens of MiB on XLA:CPU and compiles in seconds.
 No model prediction was looked at while choosing them. Weights come from
 fixed seeds, so each factory builds the same program every time.
 
+**Random DAGs for development** (``random_dev_<seed>``): seeds 1000 to 1007 of
+the held-out set's own generator (``heldout_programs.random_program``), whose
+held-out draws are seeds 0 to 9. A miss the model makes on the held-out
+random DAGs is diagnosed on these other draws of the same family; they were
+added, all eight, before any of them was planned or predicted.
+
 Usage: ``from dev_programs import DEV_PROGRAMS``; each entry is a factory
 with no arguments returning a ``heldout_programs.Program``.
 """
@@ -28,7 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from heldout_programs import Program, _cross_entropy, _labels, _layer_norm, _normal
+from heldout_programs import Program, _cross_entropy, _labels, _layer_norm, _normal, random_program
 
 
 def lstm() -> Program:
@@ -199,10 +205,14 @@ def pooled_resnet() -> Program:
                    f"3x3 max pool, stages {widths} of two blocks, batch norm with scale and offset")
 
 
+RANDOM_DEV_SEEDS = tuple(range(1000, 1008))
+"""Other draws of the held-out random DAGs' generator (held out: seeds 0 to 9)."""
+
 DEV_PROGRAMS: dict[str, Callable[[], Program]] = {
     "lstm": lstm,
     "gated_elman": gated_elman,
     "conv_nchw": conv_nchw,
     "separable_convnet": separable_convnet,
     "pooled_resnet": pooled_resnet,
+    **{f"random_dev_{seed}": (lambda seed=seed: random_program(seed)) for seed in RANDOM_DEV_SEEDS},
 }
