@@ -12,7 +12,8 @@ from remat_opt import InfeasibleBudgetError, Schedule
 from remat_opt.memory import _simulate
 from remat_opt.solve._encoding import cut_candidates, save_candidates
 from remat_opt.memory import model_graph
-from remat_opt.memory._simulate import simulate, simulated, tail_extra_bytes
+from remat_opt.memory._simulate import simulate, simulated
+from remat_opt.memory._terms import tail_extra_bytes
 from remat_opt.memory._slots import (
     StoredBuffer,
     assign_stored_buffers,

@@ -85,7 +85,7 @@ def live_at_peak(graph: ProgramGraph, members: Iterable[int], recomputed: set[in
 
 
 def live_per_segment(graph: ProgramGraph, seg_of: tuple[int, ...], remat_sizes: dict[int, list[int]],
-                     as_written: set[int]) -> dict[int, list[tuple[int, int]]]:
+                     as_written: frozenset[int]) -> dict[int, list[tuple[int, int]]]:
     """:func:`live_at_peak` of every fenced segment that rematerializes a buffer
     or holds a transpose's forward scratch.
 

@@ -108,6 +108,14 @@ import dataclasses
 import weakref
 
 from ._branch import live_per_segment
+from ._terms import (
+    boundary_cotangent_bytes,
+    kept_buffers,
+    rematerialized_buffers,
+    relayout_bytes,
+    remat_buffer_sizes,
+    tail_extra_bytes,
+)
 from ._fusion import materialized, read_by_backward
 from ..program._graph import ProgramGraph
 from ._once import held_when_once
@@ -123,95 +131,6 @@ from ._slots import (
     slot_credit,
     stored_in_slots,
 )
-
-def kept_buffers(graph: ProgramGraph) -> frozenset[int]:
-    """Buffers that some materialized value is laid over."""
-    return frozenset(graph.buffer[v] for v in range(graph.num_nodes) if materialized(graph, v))
-
-
-def remat_bytes(graph: ProgramGraph, unit: int, kept: frozenset[int]) -> int:
-    """Bytes a recomputed unit adds to its segment's backward.
-
-    A recomputation writes a new buffer (the stored copy, if any, is another
-    one); aliases of it (``name``, reshapes) write none. The buffer counts when
-    any value laid over it is materialized (``kept``, from :func:`kept_buffers`).
-    """
-    return sum(remat_buffer_sizes(graph, unit, kept))
-
-
-def remat_buffer_sizes(graph: ProgramGraph, unit: int, kept: frozenset[int]) -> list[int]:
-    """The sizes of the buffers a recomputed unit writes (see :func:`remat_bytes`)."""
-    return [graph.node_bytes[v] for v in graph.units[unit].outputs if graph.buffer[v] == v and v in kept]
-
-
-def rematerialized_buffers(
-    graph: ProgramGraph, remat_sizes: dict[int, list[int]], seg_of: tuple[int, ...],
-    live: dict[int, list[tuple[int, int]]] | None = None,
-) -> dict[int, list[tuple[int, int]]]:
-    """Per segment, the buffers its backward rematerializes (``remat_sizes``: per
-    recomputed unit, its buffer sizes), as ``(position, bytes)``, except float32 upcasts of parameters (mixed precision), which no
-    gradient slot hosts: crediting them under-predicted the bf16 MLP of
-    tests/test_mixed_precision.py by 6%."""
-    from_inputs = [False] * graph.num_nodes  # computed from program inputs alone
-    for u in graph.units:
-        for v in u.outputs:
-            from_inputs[v] = all(from_inputs[w] for w in u.inputs)
-
-    def upcast(u: int) -> bool:
-        unit = graph.units[u]
-        return unit.primitive == "convert_element_type" and all(from_inputs[v] for v in unit.outputs)
-
-    out: dict[int, list[tuple[int, int]]] = {}
-    for u, sizes in remat_sizes.items():
-        if not upcast(u):
-            position = graph.units[u].position
-            out.setdefault(seg_of[position], []).extend((position, z) for z in sizes)
-    for j, buffers in (live or {}).items():  # what is live together, where known (_branch)
-        out[j] = [(graph.units[u].position, size) for u, size in buffers if not upcast(u)]
-    return out
-
-
-def relayout_bytes(
-    graph: ProgramGraph, schedule: Schedule, seg_of: tuple[int, ...], segment: int, runs_as_written: bool
-) -> int:
-    """Bytes of the copies XLA makes at the start of a fenced segment's backward.
-
-    A stored value laid out transposed (:attr:`ProgramGraph.transposed`) enters
-    the backward's branch as an operand and is copied into the layout its
-    readers want, once per reading position: values saved by name in the
-    segment, and values crossing into it from earlier segments. A segment
-    that runs as written (the last of its level) is not fenced and copies
-    nothing.
-    """
-    if runs_as_written or not graph.transposed:
-        return 0
-    total = 0
-    for v in range(graph.num_nodes):
-        if not graph.transposed[v] or graph.is_output[v]:
-            continue
-        home = seg_of[graph.position_of(v)]
-        if v in schedule.saved and home == segment:
-            total += graph.node_bytes[v]
-        readers = {graph.units[u].position for u in graph.consumers[v]}
-        total += graph.node_bytes[v] * sum(1 for q in readers if seg_of[q] == segment > home)
-    return total
-
-
-def tail_extra_bytes(graph: ProgramGraph, buffer: int, names_in_slots: bool = False) -> int:
-    """What XLA keeps beyond the model for one residual buffer of code run as
-    written (see :func:`calibrate`); 0 on an uncalibrated graph.
-
-    A scale below 1 is XLA laying those residuals over gradient slots in the
-    plain program. With ``names_in_slots`` (the prediction, in schedules that
-    save names), the names take those slots (:func:`remat_opt.memory._slots.stored_in_slots`)
-    and the scale counts as 1. The demo GPT's CP-SAT plan at 0.75 of its
-    plain peak (scale 0.96): -1.3% of XLA's peak with neither the names in
-    slots nor this, -5.5% with the names on top of the scale (those slots
-    counted twice), -4.8% with both (jax 0.10.2, XLA:CPU).
-    """
-    scale = max(1.0, graph.plain_storage_scale) if names_in_slots else graph.plain_storage_scale
-    return round((scale - 1.0) * graph.node_bytes[buffer])
-
 
 def calibrate(graph: ProgramGraph, plain_peak_bytes: int) -> ProgramGraph:
     """The graph with its plain-storage scale fitted to XLA's peak for the plain program.
@@ -238,11 +157,6 @@ def calibrate(graph: ProgramGraph, plain_peak_bytes: int) -> ProgramGraph:
         return graph
     scale = 1.0 + (plain_peak_bytes - sim.peak_bytes) / stored
     return dataclasses.replace(graph, plain_storage_scale=min(2.0, max(0.5, scale)))
-
-
-def boundary_cotangent_bytes(graph: ProgramGraph, cut: int) -> int:
-    """Cotangent bytes live across the boundary before position ``cut``."""
-    return graph.crossing_bytes(cut) if cut < graph.num_positions else 0
 
 
 def _read_copies(
@@ -332,85 +246,146 @@ def simulated(graph: ProgramGraph, schedule: Schedule, *, planning: bool = False
     """
     if not planning:
         graph = held_when_once(graph, schedule)
-    units = graph.units
-    ranges = nested_ranges(schedule, graph.num_positions)
-    seg_of = segment_of_positions(graph.num_positions, schedule.all_cuts())
-    node_seg = [seg_of[graph.position_of(v)] for v in range(graph.num_nodes)]
-    num_segments = (max(seg_of) + 1) if seg_of else 1
-    levels = [(seg_of[lo], seg_of[hi - 1]) if hi > lo else (0, 0) for lo, hi in ranges]
-    as_written = {last for _, last in levels}  # the last segment of each level
+    layout = _Layout.of(graph, schedule)
+    copies, outputs_only, residual_as_written = _stored_copies(graph, schedule, layout)
+    recomputed: set[int] = set()
+    if not schedule.plain:
+        recomputed, copies = _recomputed(graph, schedule, layout, copies, outputs_only, residual_as_written,
+                                         planning)
+    rerun, rerun_flops = _rerun(graph, layout, copies, residual_as_written)
+    flops = sum(graph.units[u].flops for u in recomputed & graph.primal) + rerun_flops
+    peaks, partials_at_end = _segment_peaks(graph, schedule, layout, copies, recomputed, rerun, planning)
+    return Simulation(
+        peak_bytes=max(*peaks, graph.input_bytes + graph.output_bytes + partials_at_end),
+        recompute_flops=flops,
+        recomputed_units=frozenset(recomputed | rerun),
+        stored_nodes=frozenset(c[0] for c in copies),
+        segment_peaks=tuple(peaks),
+        segment_of_position=layout.seg_of,
+    )
 
-    def innermost(first: int, last: int) -> int:
+
+Copy = tuple[int, int, int, int]
+"""A stored copy: (node, the level that stores it, the first and last segment it is live at)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _Layout:
+    """A schedule's segments on a graph: per position and node, its segment; per
+    level (the whole program first, then each nested segment), its range of
+    positions and of segments."""
+
+    ranges: tuple[tuple[int, int], ...]
+    seg_of: tuple[int, ...]
+    node_seg: tuple[int, ...]
+    num_segments: int
+    levels: tuple[tuple[int, int], ...]
+    as_written: frozenset[int]
+    """The last segment of each level, which runs as written."""
+
+    @classmethod
+    def of(cls, graph: ProgramGraph, schedule: Schedule) -> _Layout:
+        ranges = nested_ranges(schedule, graph.num_positions)
+        seg_of = segment_of_positions(graph.num_positions, schedule.all_cuts())
+        levels = tuple((seg_of[lo], seg_of[hi - 1]) if hi > lo else (0, 0) for lo, hi in ranges)
+        return cls(ranges, seg_of, tuple(seg_of[graph.position_of(v)] for v in range(graph.num_nodes)),
+                   (max(seg_of) + 1) if seg_of else 1, levels, frozenset(last for _, last in levels))
+
+    def innermost(self, first: int, last: int) -> int:
         """The innermost level holding segments ``first`` to ``last``."""
-        return max(i for i, (lo, hi) in enumerate(levels) if lo <= first and last <= hi)
+        return max(i for i, (lo, hi) in enumerate(self.levels) if lo <= first and last <= hi)
 
-    # Stored copies, as (node, level that stores it, first and last segment it is live at).
-    copies: list[tuple[int, int, int, int]] = []
-    # Segment outputs read only by a level's last segment: not stored for that
-    # segment, but saved by name for their own (the rewriter names every output).
-    outputs_only: list[tuple[int, int]] = []
+
+def _stored_copies(graph: ProgramGraph, schedule: Schedule,
+                   layout: _Layout) -> tuple[list[Copy], list[tuple[int, int]], list[int]]:
+    """The copies the schedule stores (values crossing a cut, the residuals of code run
+    as written); the segment outputs read only by their level's last segment, as
+    ``(node, level)`` (not stored for it, but saved by name for their own segment: the
+    rewriter names every output); and the residual nodes of code run as written."""
+    node_seg, as_written = layout.node_seg, layout.as_written
     residual_as_written = [v for v in range(graph.num_nodes) if graph.residual[v] and node_seg[v] in as_written]
     if schedule.plain:
         copies = [(v, 0, 0, 0) for v in range(graph.num_nodes) if materialized(graph, v) and not graph.is_output[v]]
-    else:
-        for v in range(graph.num_nodes):
-            if graph.is_output[v]:
-                continue
-            first_reader: dict[int, int] = {}
-            for r in {seg_of[units[u].position] for u in graph.consumers[v]}:
-                if r > node_seg[v]:
-                    level = innermost(node_seg[v], r)
-                    first_reader[level] = min(first_reader.get(level, r), r)
-            # Into the last segment of a level, which runs as written, a value is
-            # kept only if that segment's backward reads it; else it dies in the forward.
-            for level, r in first_reader.items():
-                if r != levels[level][1] or read_by_backward(graph, v):
-                    copies.append((v, level, r, levels[level][1]))
-                else:
-                    outputs_only.append((v, level))
-        # Code that runs as written stores its residuals (and held sources) where they are computed.
-        copies += [(v, innermost(node_seg[v], node_seg[v]), node_seg[v], node_seg[v]) for v in range(graph.num_nodes)
-                   if node_seg[v] in as_written and materialized(graph, v) and not graph.is_output[v]]
+        return copies, [], residual_as_written
+    copies, outputs_only = [], []
+    for v in range(graph.num_nodes):
+        if graph.is_output[v]:
+            continue
+        first_reader: dict[int, int] = {}
+        for r in {layout.seg_of[graph.units[u].position] for u in graph.consumers[v]}:
+            if r > node_seg[v]:
+                level = layout.innermost(node_seg[v], r)
+                first_reader[level] = min(first_reader.get(level, r), r)
+        # Into the last segment of a level, which runs as written, a value is
+        # kept only if that segment's backward reads it; else it dies in the forward.
+        for level, r in first_reader.items():
+            if r != layout.levels[level][1] or read_by_backward(graph, v):
+                copies.append((v, level, r, layout.levels[level][1]))
+            else:
+                outputs_only.append((v, level))
+    # Code that runs as written stores its residuals (and held sources) where they are computed.
+    copies += [(v, layout.innermost(node_seg[v], node_seg[v]), node_seg[v], node_seg[v])
+               for v in range(graph.num_nodes)
+               if node_seg[v] in as_written and materialized(graph, v) and not graph.is_output[v]]
+    return copies, outputs_only, residual_as_written
 
-    # Fenced segments without nesting recompute the residuals that are not
-    # stored, and what they read (the same values every time their backward runs).
+
+def _recomputed(graph: ProgramGraph, schedule: Schedule, layout: _Layout, copies: list[Copy],
+                outputs_only: list[tuple[int, int]], residual_as_written: list[int],
+                planning: bool) -> tuple[set[int], list[Copy]]:
+    """The units fenced segments recompute (the residuals not stored, and what they
+    read: the same every time their backward runs), and the copies with the saved
+    names and segment outputs that recomputation reads."""
+    node_seg, units = layout.node_seg, graph.units
+    available = {c[0] for c in copies} | set(schedule.saved) | set(residual_as_written)
+    available |= {v for v, _ in outputs_only}
+    if any(layout.innermost(node_seg[v], node_seg[v]) > 0 for v in schedule.saved):
+        raise ValueError("names are saved only in segments that are not nested")
     recomputed: set[int] = set()
-    if not schedule.plain:
-        available = {c[0] for c in copies} | set(schedule.saved) | set(residual_as_written)
-        available |= {v for v, _ in outputs_only}
-        if any(innermost(node_seg[v], node_seg[v]) > 0 for v in schedule.saved):
-            raise ValueError("names are saved only in segments that are not nested")
-        stack = [graph.node_unit[v] for v in range(graph.num_nodes) if graph.residual[v] and v not in available]
-        while stack:
-            u = stack.pop()
-            if u in recomputed:
-                continue
-            recomputed.add(u)
-            stack.extend(graph.node_unit[w] for w in units[u].inputs if w not in available)
-        # A saved name is stored only if the backward reads it (JAX saves residuals only).
-        read = {w for u in recomputed for w in units[u].inputs}
-        copies += [(v, 0, node_seg[v], num_segments - 1) for v in schedule.saved if graph.residual[v] or v in read]
-        copies += [(v, level, node_seg[v], levels[level][1]) for v, level in outputs_only if v in read]
-        if not planning and not schedule.nested:
-            copies = _read_copies(graph, copies, recomputed, seg_of, node_seg)
-    flops = sum(units[u].flops for u in recomputed & graph.primal)
+    stack = [graph.node_unit[v] for v in range(graph.num_nodes) if graph.residual[v] and v not in available]
+    while stack:
+        u = stack.pop()
+        if u in recomputed:
+            continue
+        recomputed.add(u)
+        stack.extend(graph.node_unit[w] for w in units[u].inputs if w not in available)
+    # A saved name is stored only if the backward reads it (JAX saves residuals only).
+    read = {w for u in recomputed for w in units[u].inputs}
+    copies = copies + [(v, 0, node_seg[v], layout.num_segments - 1) for v in schedule.saved
+                       if graph.residual[v] or v in read]
+    copies += [(v, level, node_seg[v], layout.levels[level][1]) for v, level in outputs_only if v in read]
+    if not planning and not schedule.nested:
+        copies = _read_copies(graph, copies, recomputed, layout.seg_of, list(node_seg))
+    return recomputed, copies
 
-    # A nested segment's backward first reruns its forward for what its level
-    # stores: values crossing its inner cuts, and its last inner segment's residuals.
+
+def _rerun(graph: ProgramGraph, layout: _Layout, copies: list[Copy],
+           residual_as_written: list[int]) -> tuple[set[int], int]:
+    """The units nested segments' backwards rerun, and their FLOPs (once per level
+    that reruns them): each first reruns its forward for what its level stores
+    (values crossing its inner cuts, and its last inner segment's residuals)."""
     rerun: set[int] = set()
-    for level, (lo, _) in enumerate(ranges[1:], start=1):
+    flops = 0
+    for level, (lo, _) in enumerate(layout.ranges[1:], start=1):
         stack = [graph.node_unit[v] for v, at, _, _ in copies if at == level]
-        stack += [graph.node_unit[v] for v in residual_as_written if node_seg[v] == levels[level][1]]
+        stack += [graph.node_unit[v] for v in residual_as_written if layout.node_seg[v] == layout.levels[level][1]]
         done: set[int] = set()
         while stack:
             u = stack.pop()
             if u in done:
                 continue
             done.add(u)
-            stack.extend(graph.node_unit[w] for w in units[u].inputs if graph.position_of(w) >= lo)
-        flops += sum(units[u].flops for u in done & graph.primal)
+            stack.extend(graph.node_unit[w] for w in graph.units[u].inputs if graph.position_of(w) >= lo)
+        flops += sum(graph.units[u].flops for u in done & graph.primal)
         rerun |= done
+    return rerun, flops
 
+
+def _segment_peaks(graph: ProgramGraph, schedule: Schedule, layout: _Layout, copies: list[Copy],
+                   recomputed: set[int], rerun: set[int], planning: bool) -> tuple[list[int], int]:
+    """Per segment, the peak of its backward (the sum in the module docstring); and
+    the gradient partials XLA holds to the end of the step (:mod:`remat_opt.memory._partials`)."""
+    seg_of, num_segments, as_written = layout.seg_of, layout.num_segments, layout.as_written
     # Per segment, in one pass each: the distinct buffers stored (aliases counted
     # once), what its backward rematerializes, and its largest transient.
     live_buffers: list[set[int]] = [set() for _ in range(num_segments)]
@@ -418,50 +393,86 @@ def simulated(graph: ProgramGraph, schedule: Schedule, *, planning: bool = False
         if graph.buffer[v] >= 0:
             for j in range(first, last + 1):
                 live_buffers[j].add(graph.buffer[v])
-    rematerialized = [0] * num_segments
     kept = kept_buffers(graph)
     remat_sizes = {u: remat_buffer_sizes(graph, u, kept) for u in recomputed}
-    for u, sizes in remat_sizes.items():
-        rematerialized[seg_of[units[u].position]] += sum(sizes)
     # The prediction: XLA runs each fenced branch breadth-first, so not all of
     # it is live at once (_branch). CP-SAT plans with all of it.
     branch_live: dict[int, list[tuple[int, int]]] = {}
     if not planning and not schedule.nested:
         branch_live = live_per_segment(graph, seg_of, remat_sizes, as_written)
-        for j, buffers in branch_live.items():
-            rematerialized[j] = sum(size for _, size in buffers)
-    for b in {graph.buffer[v] for v in range(graph.num_nodes) if materialized(graph, v) and not graph.is_output[v]}:
-        if b >= 0 and node_seg[b] in as_written:
-            rematerialized[node_seg[b]] += tail_extra_bytes(graph, b, bool(schedule.saved) and not planning)
-    for u in units:  # a transpose's forward scratch, held to the backward of code run as written
-        if seg_of[u.position] == levels[0][1]:
-            rematerialized[levels[0][1]] += held_forward_scratch(graph, u.index)
+    rematerialized = _rematerialized(graph, schedule, layout, remat_sizes, branch_live, planning)
     transient = [0] * num_segments
-    for u in units:
+    for u in graph.units:
         j = seg_of[u.position]
         recomputed_here = (u.index in recomputed or u.index in rerun) and not schedule.saved
         # Behind a fence: every segment but the step's last (a nested level's last runs in a
         # fenced backward), unless the breadth-first count above already holds its forward scratch.
-        fenced = j != levels[0][1] and j not in branch_live
+        fenced = j != layout.levels[0][1] and j not in branch_live
         transient[j] = max(transient[j], transient_bytes(graph, u.index, recomputed_here, fenced))
-    base = graph.input_bytes + graph.output_bytes
     seg_start = [0, *sorted(c for c in schedule.all_cuts() if 0 < c < graph.num_positions)]
     seg_end = [*(c - 1 for c in seg_start[1:]), max(0, graph.num_positions - 1)]
-    # A nested segment whose backward runs inside another nested segment's
-    # backward (a conditional within a conditional) keeps the cotangents it was
-    # called with live until it returns, through its last segment too (XLA
-    # holds a conditional's operands for the whole conditional). Measured on
-    # the zoo MLP's three-level trees: one activation each; not so one level
-    # down (crediting it there over-predicted ResNet Revolve by 9%). Held
-    # through the last segment, where the ResNet's Revolve tree peaks: its
-    # four Revolve trees went from -5.5..+4.8% to -1.5..+4.8%, the MLP's from
-    # -3.5..-0.1% to -0.1% (jax 0.10.2, XLA:CPU).
-    held_cotangents = [0] * num_segments
-    for (lo, stop), (first, last) in zip(ranges[1:], levels[1:]):
-        if any(olo <= lo and stop <= ohi for olo, ohi in ranges[1:] if (olo, ohi) != (lo, stop)):
+    held_cotangents = _held_cotangents(graph, layout)
+    in_slots = _slot_credit(graph, schedule, layout, copies, live_buffers, remat_sizes, branch_live, seg_start,
+                            planning)
+    partials, partials_at_end = held_partial_bytes(graph, schedule, seg_of, num_segments)
+    base = graph.input_bytes + graph.output_bytes
+    peaks = [
+        base + sum(graph.node_bytes[b] for b in live_buffers[j]) - in_slots[j] + rematerialized[j]
+        + relayout_bytes(graph, schedule, seg_of, j, j in as_written) + transient[j]
+        + boundary_cotangent_bytes(graph, seg_end[j] + 1) + held_cotangents[j] + partials[j]
+        for j in range(num_segments)
+    ]
+    return peaks, partials_at_end
+
+
+def _rematerialized(graph: ProgramGraph, schedule: Schedule, layout: _Layout, remat_sizes: dict[int, list[int]],
+                    branch_live: dict[int, list[tuple[int, int]]], planning: bool) -> list[int]:
+    """Per segment, the bytes its backward rematerializes (what a fenced branch holds
+    at once, where :mod:`remat_opt.memory._branch` knows it), what XLA keeps beyond
+    the model for code run as written, and the forward scratch a transpose holds."""
+    seg_of, node_seg, as_written = layout.seg_of, layout.node_seg, layout.as_written
+    rematerialized = [0] * layout.num_segments
+    for u, sizes in remat_sizes.items():
+        rematerialized[seg_of[graph.units[u].position]] += sum(sizes)
+    for j, buffers in branch_live.items():
+        rematerialized[j] = sum(size for _, size in buffers)
+    for b in {graph.buffer[v] for v in range(graph.num_nodes) if materialized(graph, v) and not graph.is_output[v]}:
+        if b >= 0 and node_seg[b] in as_written:
+            rematerialized[node_seg[b]] += tail_extra_bytes(graph, b, bool(schedule.saved) and not planning)
+    last = layout.levels[0][1]
+    for u in graph.units:  # a transpose's forward scratch, held to the backward of code run as written
+        if seg_of[u.position] == last:
+            rematerialized[last] += held_forward_scratch(graph, u.index)
+    return rematerialized
+
+
+def _held_cotangents(graph: ProgramGraph, layout: _Layout) -> list[int]:
+    """Per segment, the cotangents a doubly nested segment's callers hold.
+
+    A nested segment whose backward runs inside another nested segment's
+    backward (a conditional within a conditional) keeps the cotangents it was
+    called with live until it returns, through its last segment too (XLA
+    holds a conditional's operands for the whole conditional). Measured on
+    the zoo MLP's three-level trees: one activation each; not so one level
+    down (crediting it there over-predicted ResNet Revolve by 9%). Held
+    through the last segment, where the ResNet's Revolve tree peaks: its
+    four Revolve trees went from -5.5..+4.8% to -1.5..+4.8%, the MLP's from
+    -3.5..-0.1% to -0.1% (jax 0.10.2, XLA:CPU).
+    """
+    held = [0] * layout.num_segments
+    for (lo, stop), (first, last) in zip(layout.ranges[1:], layout.levels[1:]):
+        if any(olo <= lo and stop <= ohi for olo, ohi in layout.ranges[1:] if (olo, ohi) != (lo, stop)):
             for j in range(first, last + 1):
-                held_cotangents[j] += boundary_cotangent_bytes(graph, stop)
-    # Stored buffers of the top level may sit in gradient slots (_slots).
+                held[j] += boundary_cotangent_bytes(graph, stop)
+    return held
+
+
+def _slot_credit(graph: ProgramGraph, schedule: Schedule, layout: _Layout, copies: list[Copy],
+                 live_buffers: list[set[int]], remat_sizes: dict[int, list[int]],
+                 branch_live: dict[int, list[tuple[int, int]]], seg_start: list[int], planning: bool) -> list[int]:
+    """Per segment, the stored (and, in the prediction, rematerialized) bytes that sit
+    in gradient slots not yet written (:mod:`remat_opt.memory._slots`)."""
+    seg_of, node_seg = layout.seg_of, layout.node_seg
     slots = gradient_slots(graph)
     if schedule.saved:
         slots = () if planning else segment_slots(slots, schedule.all_cuts(), graph.num_positions)
@@ -469,26 +480,10 @@ def simulated(graph: ProgramGraph, schedule: Schedule, *, planning: bool = False
     if planning:  # the credit CP-SAT encodes: buffers stored across cuts, in slots of their size
         crossing = {graph.buffer[v] for v, level, first, _ in copies if level == 0 and first > node_seg[v]}
         items = {b: (graph.node_bytes[b], p) for b, p in slot_candidates(graph, slots, crossing - nested_copies).items()}
-        in_slots = [slot_credit([items[b] for b in live if b in items], slots) for live in live_buffers]
-    else:  # XLA's assignment: any slot as large, once for the whole step; then what is rematerialized
-        stored = stored_in_slots(graph, copies, node_seg, nested_copies, schedule.saved)
-        slot_segments = [seg_of[min(last, graph.num_positions - 1)] for _, last in slots]
-        fenced = {j: seg_start[j] for j in range(num_segments) if j not in as_written}
-        in_slots = predicted_slot_credit(stored, rematerialized_buffers(graph, remat_sizes, seg_of, branch_live),
-                                         live_buffers, slots, slot_segments, fenced, matmul_slots(graph))
-    # Gradient partials XLA sums at the end of the step (_partials).
-    partials, partials_at_end = held_partial_bytes(graph, schedule, seg_of, num_segments)
-    peaks = [
-        base + sum(graph.node_bytes[b] for b in live_buffers[j]) - in_slots[j] + rematerialized[j]
-        + relayout_bytes(graph, schedule, seg_of, j, j in as_written) + transient[j]
-        + boundary_cotangent_bytes(graph, seg_end[j] + 1) + held_cotangents[j] + partials[j]
-        for j in range(num_segments)
-    ]
-    return Simulation(
-        peak_bytes=max(*peaks, base + partials_at_end),
-        recompute_flops=flops,
-        recomputed_units=frozenset(recomputed | rerun),
-        stored_nodes=frozenset(c[0] for c in copies),
-        segment_peaks=tuple(peaks),
-        segment_of_position=seg_of,
-    )
+        return [slot_credit([items[b] for b in live if b in items], slots) for live in live_buffers]
+    # XLA's assignment: any slot as large, once for the whole step; then what is rematerialized
+    stored = stored_in_slots(graph, copies, list(node_seg), nested_copies, schedule.saved)
+    slot_segments = [seg_of[min(last, graph.num_positions - 1)] for _, last in slots]
+    fenced = {j: seg_start[j] for j in range(layout.num_segments) if j not in layout.as_written}
+    return predicted_slot_credit(stored, rematerialized_buffers(graph, remat_sizes, seg_of, branch_live),
+                                 live_buffers, slots, slot_segments, fenced, matmul_slots(graph))

@@ -167,7 +167,7 @@ def stored_in_slots(
     those plans were over-predicted by up to 10.6%, and all 32 U-Net
     schedules fall within 4.8% with them (jax 0.10.2, XLA:CPU). Code run as
     written then loses the slots it had in the plain program
-    (:func:`remat_opt.memory._simulate.tail_extra_bytes`). The GPT's CP-SAT plans for
+    (:func:`remat_opt.memory._terms.tail_extra_bytes`). The GPT's CP-SAT plans for
     budgets of 41.90 and 53.48 MiB, whose XLA peak is in the forward, which
     the model does not simulate, went from -4.1% and -2.6% to -8.9% and -5.9%.
     """

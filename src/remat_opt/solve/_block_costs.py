@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from ..memory._fusion import materialized, read_by_backward
-from ..memory._simulate import kept_buffers, remat_bytes, tail_extra_bytes
+from ..memory._terms import kept_buffers, remat_bytes, tail_extra_bytes
 from ..memory._transient import held_forward_scratch, transient_bytes
 from ..program._graph import ProgramGraph
 from ._blocks import BlockChain, crossing_values, stage_bounds, value_spans

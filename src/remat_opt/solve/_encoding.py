@@ -36,14 +36,8 @@ import bisect
 from ortools.sat.python import cp_model
 
 from ..program._graph import ProgramGraph
-from ..memory._simulate import (
-    boundary_cotangent_bytes,
-    kept_buffers,
-    materialized,
-    read_by_backward,
-    remat_bytes,
-    tail_extra_bytes,
-)
+from ..memory._fusion import materialized, read_by_backward
+from ..memory._terms import boundary_cotangent_bytes, kept_buffers, remat_bytes, tail_extra_bytes
 from ..memory._transient import held_forward_scratch, transient_bytes
 from .._schedule import Schedule
 from ._partial_terms import PartialTerms
@@ -233,7 +227,7 @@ class Encoding:
 
     def _relayout_terms(self) -> list[list]:
         """Per position, the relayout copies its segment's backward makes
-        (:func:`remat_opt.memory._simulate.relayout_bytes`, spread over reading positions)."""
+        (:func:`remat_opt.memory._terms.relayout_bytes`, spread over reading positions)."""
         g = self.graph
         terms: list[list] = [[] for _ in range(g.num_positions)]
         if not g.transposed:
