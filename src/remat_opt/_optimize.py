@@ -245,7 +245,14 @@ class OptimizedFunction:
         known = self._recalled(lowest_key, graph, budget, measure, args, kwargs, nums, baseline_flops, plain_peak)
         if known is not None:
             return known
-        # Nothing fits: the error names the lowest peak XLA measured for any plan.
+        raise self._nothing_fits(lowest_key, budget, infeasible, loops, tried, lowest_other)
+
+    def _nothing_fits(self, lowest_key: str, budget: int, infeasible: InfeasibleBudgetError, loops: list,
+                      tried: list, lowest_other: tuple[Plan, Callable[..., Any]] | None) -> InfeasibleBudgetError:
+        """The error when nothing fits: it names the lowest peak XLA measured for any plan
+        (loop plans, whole-function policies, outside schedules, CP-SAT's lowest-memory
+        schedules, and what earlier plans of this program measured), and the lowest
+        measured schedules are kept for a later call (:mod:`remat_opt._lowest`)."""
         directory, name = cache_directory(self.cache), qualified_name(self.fn)
         earlier = lowest_kept(lowest_key, directory)  # what earlier plans of this program measured
         if infeasible.schedule is not None:
@@ -262,10 +269,10 @@ class OptimizedFunction:
         peak, what = min(lowest, default=(infeasible.min_budget_bytes, ""))
         if peak < infeasible.min_budget_bytes:
             # One minimum, not two: the solver's own lowest is said here, not chained as a second error.
-            raise InfeasibleBudgetError(budget, peak, detail=f"(XLA measured {peak:,} bytes for the lowest-memory "
-                                        f"plan: {what}; CP-SAT's lowest-memory schedule, "
-                                        f"{infeasible.min_budget_bytes:,}.)") from None
-        raise infeasible
+            return InfeasibleBudgetError(budget, peak, detail=f"(XLA measured {peak:,} bytes for the lowest-memory "
+                                         f"plan: {what}; CP-SAT's lowest-memory schedule, "
+                                         f"{infeasible.min_budget_bytes:,}.)")
+        return infeasible
 
     def _recalled(self, key: str, graph: ProgramGraph, budget: int, measure: Callable[[Callable[..., Any]], int],
                   args: tuple, kwargs: dict, nums: Any, baseline_flops: int,
