@@ -86,26 +86,44 @@ class Encoding:
         self.graph = graph
         self._fenced_reads: dict[tuple[int, int], cp_model.IntVar] = {}
         m = self.model = cp_model.CpModel()
-        g, units = graph, graph.units
-        n = g.num_positions
         self.cut = {c: m.NewBoolVar(f"cut{c}") for c in cuts}
         self.save = {v: m.NewBoolVar(f"save{v}") for v in saves}
-        cut_list = sorted(self.cut)
+        self._cut_list = sorted(self.cut)
+        self.cross = self._crossings()
+        self.tail = self._tails()
+        self.rc = self._recomputed()
+        # Schedules that save a name lose two of the planning model's terms
+        # (memory._simulate.simulate with planning=True).
+        self.any_saved = None
+        if self.save:
+            self.any_saved = m.NewBoolVar("any_saved")
+            m.AddMaxEquality(self.any_saved, list(self.save.values()))
+        self.own_output = self._own_outputs()
+        self.acc, self.tmax = self._running_sums()
+        # Gradient slots, and the buffers that may sit in them (_slots.slot_credit).
+        slots = gradient_slots(graph)
+        self.slot_candidates = slot_candidates(graph, slots)
+        self.slot_reads = slot_reads(slots)
+        self.ends = self._segment_ends()
+        self.flops = sum(self.rc[u] * graph.units[u].flops for u in graph.primal)
 
-        def cuts_between(lo: int, hi: int) -> list:
-            """Cut literals at positions in (lo, hi]."""
-            return [self.cut[c] for c in cut_list if lo < c <= hi]
+    def _cuts_between(self, lo: int, hi: int) -> list:
+        """Cut literals at positions in (lo, hi]."""
+        return [self.cut[c] for c in self._cut_list if lo < c <= hi]
 
-        # cross[v]: list of (reader position, literal) in increasing position.
-        self.cross: dict[int, list[tuple[int, cp_model.IntVar]]] = {}
+    def _crossings(self) -> dict[int, list[tuple[int, cp_model.IntVar]]]:
+        """Per value, ``(reader position, literal)`` in increasing position: the literal
+        is 1 when a cut lies between the value and that reader (or an earlier one)."""
+        g, m = self.graph, self.model
+        cross: dict[int, list[tuple[int, cp_model.IntVar]]] = {}
         for v in range(g.num_nodes):
             if g.is_output[v]:
                 continue
             p = g.position_of(v)
-            readers = sorted({units[u].position for u in g.consumers[v] if units[u].position > p})
+            readers = sorted({g.units[u].position for u in g.consumers[v] if g.units[u].position > p})
             chain, prev, prev_pos = [], None, p
             for q in readers:
-                new = cuts_between(prev_pos, q)
+                new = self._cuts_between(prev_pos, q)
                 if not new and prev is None:
                     prev_pos = q
                     continue
@@ -115,56 +133,59 @@ class Encoding:
                 chain.append((q, lit))
                 prev, prev_pos = lit, q
             if chain:
-                self.cross[v] = chain
-        crossing = {v: chain[-1][1] for v, chain in self.cross.items()}
+                cross[v] = chain
         for v, s in self.save.items():
-            if v in crossing:
-                m.Add(s + crossing[v] <= 1)  # saving a value that is stored anyway only costs
+            if v in cross:
+                m.Add(s + cross[v][-1][1] <= 1)  # saving a value that is stored anyway only costs
+        return cross
 
-        # tail[c]: no segment starts at or after candidate c, so position c - 1
-        # onwards lies in the last segment (which is plain, see _memory).
-        self.tail: dict[int, cp_model.IntVar] = {}
+    def _tails(self) -> dict[int, cp_model.IntVar]:
+        """Per cut candidate ``c``, a literal that is 1 when no segment starts at or after
+        ``c``: position ``c - 1`` onwards lies in the last segment, which runs as written."""
+        m = self.model
+        tail: dict[int, cp_model.IntVar] = {}
         later = None
-        for c in reversed(cut_list):
+        for c in reversed(self._cut_list):
             t = m.NewBoolVar(f"tail{c}")
             parts = [self.cut[c]] + ([later.Not()] if later is not None else [])
             m.AddBoolOr(parts).OnlyEnforceIf(t.Not())  # not tail => a cut at or after c
             m.AddImplication(t, self.cut[c].Not())
             if later is not None:
                 m.AddImplication(t, later)
-            self.tail[c] = t
+            tail[c] = t
             later = t
+        return tail
 
-        def in_tail(p: int) -> object:
-            """1 when position ``p`` lies in the last segment (a literal, or the constant 1)."""
-            nxt = next((c for c in cut_list if c > p), None)
-            return 1 if nxt is None else self.tail[nxt]
+    def in_tail(self, p: int) -> object:
+        """1 when position ``p`` lies in the last segment (a literal, or the constant 1)."""
+        nxt = next((c for c in self._cut_list if c > p), None)
+        return 1 if nxt is None else self.tail[nxt]
 
-        self.in_tail = in_tail
+    def _available(self, v: int) -> list:
+        """The literals under which a residual ``v`` is at hand in the backward: stored
+        across a cut, saved by name, or computed in the last segment."""
+        g = self.graph
+        found = [x for x in (self.cross[v][-1][1] if v in self.cross else None, self.save.get(v)) if x is not None]
+        return found + ([self.in_tail(g.position_of(v))] if g.residual[v] else [])
 
-        def available(v: int) -> list:
-            found = [x for x in (crossing.get(v), self.save.get(v)) if x is not None]
-            return found + ([in_tail(g.position_of(v))] if g.residual[v] else [])
-
-        self.rc = {u.index: m.NewBoolVar(f"rc{u.index}") for u in units}
+    def _recomputed(self) -> dict[int, cp_model.IntVar]:
+        """Per unit, a literal that is 1 when its segment's backward recomputes it: every
+        residual not at hand, and every input of a recomputed unit not at hand."""
+        g, m = self.graph, self.model
+        rc = {u.index: m.NewBoolVar(f"rc{u.index}") for u in g.units}
         for v in range(g.num_nodes):
             if g.residual[v]:
-                m.Add(self.rc[g.node_unit[v]] + sum(available(v)) >= 1)
-        for u in units:
+                m.Add(rc[g.node_unit[v]] + sum(self._available(v)) >= 1)
+        for u in g.units:
             for w in u.inputs:
-                m.Add(self.rc[g.node_unit[w]] + sum(available(w)) >= self.rc[u.index])
+                m.Add(rc[g.node_unit[w]] + sum(self._available(w)) >= rc[u.index])
+        return rc
 
-        # Schedules that save a name lose two of the planning model's terms
-        # (_memory.simulate with planning=True).
-        self.any_saved = None
-        if self.save:
-            self.any_saved = m.NewBoolVar("any_saved")
-            m.AddMaxEquality(self.any_saved, list(self.save.values()))
-        no_names = [self.any_saved.Not()] if self.any_saved is not None else []
-
-        # A segment output read only by the last segment is saved by name for
-        # its own segment when that segment's recomputation reads it (_memory.simulate).
-        self.own_output: dict[int, cp_model.IntVar] = {}
+    def _own_outputs(self) -> dict[int, cp_model.IntVar]:
+        """A segment output read only by the last segment is saved by name for its own
+        segment when that segment's recomputation reads it (memory._simulate.simulate)."""
+        g, m = self.graph, self.model
+        own: dict[int, cp_model.IntVar] = {}
         for v, chain in self.cross.items():
             if read_by_backward(g, v):
                 continue
@@ -172,24 +193,30 @@ class Encoding:
             kept = m.NewBoolVar(f"own{v}")
             for u in set(g.consumers[v]):
                 m.Add(kept >= self.rc[u] + chain[-1][1] - 1 - sum(fenced))
-            self.own_output[v] = kept
+            own[v] = kept
+        return own
 
-        # Running sums over positions, reset where a segment starts.
-        by_pos: list[list[int]] = [[] for _ in range(n)]
-        for u in units:
+    def _running_sums(self) -> tuple[list, list]:
+        """Per position, the bytes its segment's backward has rematerialized (and copied
+        into another layout) so far, and its largest transient so far: running sums
+        and maxima over positions, reset where a segment starts."""
+        g, m = self.graph, self.model
+        no_names = [self.any_saved.Not()] if self.any_saved is not None else []
+        by_pos: list[list[int]] = [[] for _ in range(g.num_positions)]
+        for u in g.units:
             by_pos[u.position].append(u.index)
         relayout = self._relayout_terms()
         big = 2 * sum(g.node_bytes) + 1
         kept = kept_buffers(g)
-        self.acc, self.tmax = [], []
-        for p in range(n):
+        accs, tmaxes = [], []
+        for p in range(g.num_positions):
             local = sum(self.rc[u] * remat_bytes(g, u, kept) for u in by_pos[p]) + sum(relayout[p])
             t_here = max((transient_bytes(g, u) for u in by_pos[p]), default=0)
             acc = m.NewIntVar(0, big, f"acc{p}")
             tmax = m.NewIntVar(0, big, f"tmax{p}")
             m.Add(acc >= local)
             m.Add(tmax >= t_here)
-            last_here = in_tail(p)  # behind a fence unless in the last segment
+            last_here = self.in_tail(p)  # behind a fence unless in the last segment
             for u in by_pos[p]:
                 recomputed_here = transient_bytes(g, u, recomputed=True)
                 if recomputed_here > t_here:
@@ -199,31 +226,32 @@ class Encoding:
                     m.Add(tmax >= fenced_bytes).OnlyEnforceIf(last_here.Not())
             if p > 0:
                 enforce = [self.cut[p].Not()] if p in self.cut else []
-                m.Add(acc >= self.acc[p - 1] + local).OnlyEnforceIf(enforce)
-                m.Add(tmax >= self.tmax[p - 1]).OnlyEnforceIf(enforce)
-            self.acc.append(acc)
-            self.tmax.append(tmax)
+                m.Add(acc >= accs[p - 1] + local).OnlyEnforceIf(enforce)
+                m.Add(tmax >= tmaxes[p - 1]).OnlyEnforceIf(enforce)
+            accs.append(acc)
+            tmaxes.append(tmax)
+        return accs, tmaxes
 
-        # Gradient slots, and the buffers that may sit in them (_slots.slot_credit).
-        slots = gradient_slots(g)
-        self.slot_candidates = slot_candidates(g, slots)
-        self.slot_reads = slot_reads(slots)
-
-        # Segment-end peaks: at e = c - 1 for each candidate c, and at the end.
-        self.ends: list[tuple[int, cp_model.LinearExpr, list]] = []
+    def _segment_ends(self) -> list[tuple[int, cp_model.LinearExpr, list]]:
+        """The peak at each segment's end, ``(position, expression, enforced when)``: at
+        ``c - 1`` for each cut candidate ``c`` (when it is cut), at the program's end,
+        and, with gradient partials summed at the end, the step's end."""
+        g = self.graph
+        n = g.num_positions
+        out: list[tuple[int, cp_model.LinearExpr, list]] = []
         base = g.input_bytes + g.output_bytes
-        ends = [c - 1 for c in cut_list] + [n - 1]
-        partials = PartialTerms(g, m, self.cut, in_tail, ends)  # gradient partials summed at the end
+        ends = [c - 1 for c in self._cut_list] + [n - 1]
+        partials = PartialTerms(g, self.model, self.cut, self.in_tail, ends)  # gradient partials summed at the end
         for e in ends:
             stored = self._stored_at(e)
             expr = base + stored + self.acc[e] + self.tmax[e] + boundary_cotangent_bytes(g, e + 1)
             if partials:
                 expr += partials.at(e, last=e == n - 1)
             enforce = [self.cut[e + 1]] if e + 1 in self.cut else []
-            self.ends.append((e, expr, enforce))
+            out.append((e, expr, enforce))
         if partials:
-            self.ends.append((n - 1, base + partials.at_end(), []))
-        self.flops = sum(self.rc[u] * units[u].flops for u in g.primal)
+            out.append((n - 1, base + partials.at_end(), []))
+        return out
 
     def _relayout_terms(self) -> list[list]:
         """Per position, the relayout copies its segment's backward makes
