@@ -167,7 +167,7 @@ def fused_residuals(
             cheap = unit.primitive in CHEAP_FUSIBLE_PRIMITIVES and not (readers[v] & MATERIALIZING_CONSUMERS)
             inputs_free = all(free[w] or kept[w] or (held is not None and held[buffer[w]]) for w in unit.inputs)
             if res_buf[v]:
-                fused[v] = cheap and inputs_free and not (reduced and reduced[v])  # see reduced_residuals
+                fused[v] = cheap and inputs_free and not (reduced and reduced[v])  # see program._linearize.reduced_residuals
                 kept[v] = not fused[v]
                 free[v] = True
             else:

@@ -7,7 +7,8 @@ itself: the flat program is evaluated with every value named
 (:mod:`remat_opt.program._names`), linearized with :func:`jax.jvp`, and split by
 partial evaluation into the *known* program (the forward: primal values and the
 residuals derived from them) and the *linear* program (the backward). Every
-equation of the known program becomes a compute unit, every value a node.
+equation of the known program becomes a compute unit, every value a node
+(the split: :mod:`remat_opt.program._linearize`).
 
 A value is a *residual* when the linear program reads it. A residual must be
 available in the backward: stored by the forward (saved by name, or crossing a
@@ -28,12 +29,10 @@ import jax
 import networkx as nx
 import numpy as np
 from jax._src import core
-from jax._src.interpreters import partial_eval as pe
 
 from ._cost import CostModel, FlopCostModel
-from ._manual import make_program_jaxpr, program_context
-from ._names import eqn_index_of, eval_program
-from ._precision import upcast_dtypes, upcasting_evaluator
+from ._linearize import linearized, reduced_residuals
+from ._names import eqn_index_of
 from ._source import source_line
 from ._trace import TracedProgram
 
@@ -248,152 +247,126 @@ def build_graph(traced: TracedProgram, cost_model: CostModel | None = None) -> P
     """
     cost_model = cost_model or FlopCostModel()
     closed = traced.jaxpr
-    in_avals = [v.aval for v in closed.jaxpr.invars]
-    diff = traced.differentiable
-    diff_avals = [a for a, d in zip(in_avals, diff) if d]
-    fixed_avals = [a for a, d in zip(in_avals, diff) if not d]
-
-    evaluate = upcasting_evaluator(upcast_dtypes())
-
-    def primal(dargs: list, fixed: list) -> list:
-        it_d, it_f = iter(dargs), iter(fixed)
-        full = [next(it_d) if d else next(it_f) for d in diff]
-        return eval_program(closed, full, evaluate)
-
-    nd, nf = len(diff_avals), len(fixed_avals)
-
-    def jvp(*flat: Any) -> tuple:
-        dargs, tangents, fixed = flat[:nd], flat[nd:2 * nd], list(flat[2 * nd:])
-        primals_out, tangents_out = jax.jvp(lambda *p: primal(list(p), fixed), dargs, tangents)
-        return (*primals_out, *tangents_out)
-
-    diff_inputs = [k for k, d in enumerate(diff) if d]
-    outputs = range(len(closed.jaxpr.outvars))
-    jvp_jaxpr = make_program_jaxpr(traced, jvp, [*diff_inputs, *diff_inputs, *(k for k, d in enumerate(diff) if not d)],
-                                   [*outputs, *outputs])
-    unknowns = [False] * nd + [True] * nd + [False] * nf
-    with program_context(traced):
-        known, linear, out_unknowns, res_avals = pe.partial_eval_jaxpr_nounits(jvp_jaxpr, unknowns, False)
+    known, linear, num_residuals = linearized(traced)
     kj = known.jaxpr
-    residual_vars = {v for v in kj.outvars[len(kj.outvars) - len(res_avals):] if isinstance(v, core.Var)}
-
-    node_of: dict = {}
-    node_bytes: list[int] = []
-    node_unit: list[int] = []
-    shapes: list[tuple[int, ...]] = []
-    dtypes: list[str] = []
-    units: list[Unit] = []
-    consumers: list[list[int]] = []
-    buffer: list[int] = []
-    position = 0
-    cse: dict = {}  # XLA's CSE: an equation identical to an earlier one shares its buffer
-    flat_index = [k for k, d in enumerate(diff) if d] + [k for k, d in enumerate(diff) if not d]
-    input_of = {v: flat_index[j] for j, v in enumerate(kj.invars)}  # known input -> flat input
-    input_readers: list[set[int]] = [set() for _ in in_avals]
-    for i, eqn in enumerate(kj.eqns):
-        idx = eqn_index_of(eqn.source_info.name_stack)
-        # An equation JAX hoisted out of a rewritten loop's body carries only the body's scope.
-        position = idx if idx is not None and idx < len(closed.jaxpr.eqns) else position
-        inputs = tuple(sorted({node_of[v] for v in eqn.invars if isinstance(v, core.Var) and v in node_of}))
-        alias = -2
-        if eqn.primitive.name in ALIASING_PRIMITIVES and len(eqn.invars) == 1 and len(eqn.outvars) == 1:
-            src = eqn.invars[0]
-            alias = buffer[node_of[src]] if isinstance(src, core.Var) and src in node_of else -1  # a literal: -1
-        elif len(eqn.outvars) == 1 and not eqn.effects:
-            key = _cse_key(eqn, node_of, buffer)
-            if key is not None:
-                if key in cse:
-                    alias = cse[key]
-                else:
-                    cse[key] = len(node_bytes)
-        outputs = []
-        for v in eqn.outvars:
-            node_of[v] = len(node_bytes)
-            outputs.append(len(node_bytes))
-            node_bytes.append(aval_bytes(v.aval))
-            node_unit.append(i)
-            buffer.append(alias if alias != -2 else len(node_bytes) - 1)
-            shapes.append(tuple(getattr(v.aval, "shape", ())))
-            dtypes.append(str(getattr(v.aval, "dtype", "")))
-            consumers.append([])
-        for u in inputs:
-            consumers[u].append(i)
-        for v in eqn.invars:
-            if isinstance(v, core.Var) and v in input_of:
-                input_readers[input_of[v]].add(i)
-        name = eqn.params.get("name") if eqn.primitive.name == "name" else None
-        units.append(
-            Unit(i, position, eqn.primitive.name, inputs, tuple(outputs),
-                 int(cost_model.eqn_flops(eqn)), name, source_line(eqn.source_info.traceback))
-        )
-    residual = [False] * len(node_bytes)
+    nodes = _Nodes.of(kj, traced, cost_model)
+    residual_vars = {v for v in kj.outvars[len(kj.outvars) - num_residuals:] if isinstance(v, core.Var)}
+    residual = [False] * nodes.count
     for v in residual_vars:
-        if v in node_of:
-            residual[node_of[v]] = True
+        if v in nodes.node_of:
+            residual[nodes.node_of[v]] = True
     # Primal outputs and gradients live for the whole step (XLA counts them as output bytes).
+    in_avals = [v.aval for v in closed.jaxpr.invars]
+    diff_avals = [a for a, d in zip(in_avals, traced.differentiable) if d]
     out_bytes = sum(aval_bytes(v.aval) for v in closed.jaxpr.outvars) + sum(aval_bytes(a) for a in diff_avals)
-    in_bytes = sum(aval_bytes(a) for a in in_avals)
-    is_output = [False] * len(node_bytes)
-    for v in kj.outvars[: len(kj.outvars) - len(res_avals)]:
-        if isinstance(v, core.Var) and v in node_of:
-            is_output[node_of[v]] = True
-    reduced = [False] * len(node_bytes)
-    for v in reduced_residuals(linear.jaxpr, len(res_avals)):
-        res_var = kj.outvars[len(kj.outvars) - len(res_avals) + v]
-        if isinstance(res_var, core.Var) and res_var in node_of and buffer[node_of[res_var]] >= 0:
-            reduced[buffer[node_of[res_var]]] = True
+    is_output = [False] * nodes.count
+    for v in kj.outvars[: len(kj.outvars) - num_residuals]:
+        if isinstance(v, core.Var) and v in nodes.node_of:
+            is_output[nodes.node_of[v]] = True
+    reduced = [False] * nodes.count
+    for v in reduced_residuals(linear.jaxpr, num_residuals):
+        res_var = kj.outvars[len(kj.outvars) - num_residuals + v]
+        if isinstance(res_var, core.Var) and res_var in nodes.node_of and nodes.buffer[nodes.node_of[res_var]] >= 0:
+            reduced[nodes.buffer[nodes.node_of[res_var]]] = True
     graph = ProgramGraph(
         traced=traced,
-        units=tuple(units),
-        node_bytes=tuple(node_bytes),
-        node_unit=tuple(node_unit),
+        units=tuple(nodes.units),
+        node_bytes=tuple(nodes.node_bytes),
+        node_unit=tuple(nodes.node_unit),
         residual=tuple(residual),
-        consumers=tuple(tuple(c) for c in consumers),
+        consumers=tuple(tuple(c) for c in nodes.consumers),
         is_output=tuple(is_output),
-        buffer=tuple(buffer),
+        buffer=tuple(nodes.buffer),
         num_positions=len(closed.jaxpr.eqns),
-        input_bytes=in_bytes,
+        input_bytes=sum(aval_bytes(a) for a in in_avals),
         output_bytes=out_bytes,
-        node_shape=tuple(shapes),
-        node_dtype=tuple(dtypes),
+        node_shape=tuple(nodes.shapes),
+        node_dtype=tuple(nodes.dtypes),
         reduced=tuple(reduced),
-        crossing=_crossing_profile(units, node_unit, node_bytes, consumers, len(closed.jaxpr.eqns)),
+        crossing=_crossing_profile(nodes.units, nodes.node_unit, nodes.node_bytes, nodes.consumers,
+                                   len(closed.jaxpr.eqns)),
         input_labels=input_labels(traced),
-        input_readers=tuple(tuple(sorted(r)) for r in input_readers),
+        input_readers=tuple(tuple(sorted(r)) for r in nodes.input_readers),
     )
     return dataclasses.replace(graph, primal=primal_units(graph))
 
 
-def reduced_residuals(linear: core.Jaxpr, num_residuals: int) -> set[int]:
-    """Indices of the residuals the backward reduces against a cotangent.
+@dataclass
+class _Nodes:
+    """The known program's values and equations, as :func:`build_graph` numbers them:
+    per node (an equation's output), its bytes, unit, buffer, shape, dtype and
+    readers; per unit, its :class:`Unit`; per program input, the units reading it."""
 
-    In the linear (tangent) program a residual multiplied by a smaller tangent,
-    broadcast before the ``mul`` or inside it (``normalized * d_scale[None]``
-    in a norm layer), transposes to ``reduce_sum(normalized * ct)``: the
-    gradient of the scale. XLA:CPU runs that reduction as a fusion that reads
-    its elementwise operands from memory, so the residual gets a buffer even
-    when it is cheap to recompute (measured on jax 0.10.2, resnet: the group
-    norms' normalized activations are held through their segment's backward).
-    The residuals are the leading inputs of the linear program.
-    """
-    def size(v: Any) -> int:
-        return int(np.prod(getattr(v.aval, "shape", ()), dtype=np.int64))
+    node_of: dict = dataclasses.field(default_factory=dict)
+    node_bytes: list[int] = dataclasses.field(default_factory=list)
+    node_unit: list[int] = dataclasses.field(default_factory=list)
+    shapes: list[tuple[int, ...]] = dataclasses.field(default_factory=list)
+    dtypes: list[str] = dataclasses.field(default_factory=list)
+    units: list[Unit] = dataclasses.field(default_factory=list)
+    consumers: list[list[int]] = dataclasses.field(default_factory=list)
+    buffer: list[int] = dataclasses.field(default_factory=list)
+    input_readers: list[set[int]] = dataclasses.field(default_factory=list)
 
-    index = {v: k for k, v in enumerate(linear.invars[:num_residuals])}
-    smaller: dict[Any, int] = {}  # tangent -> elements it was broadcast from
-    out: set[int] = set()
-    for eqn in linear.eqns:
-        if eqn.primitive.name == "broadcast_in_dim" and isinstance(eqn.invars[0], core.Var):
+    @property
+    def count(self) -> int:
+        return len(self.node_bytes)
+
+    @classmethod
+    def of(cls, kj: core.Jaxpr, traced: TracedProgram, cost_model: CostModel) -> _Nodes:
+        """Every equation of the known program ``kj`` in order, each a unit at the position
+        of the primal equation it derives from; a view's output shares its operand's
+        buffer, and an equation identical to an earlier one shares that one's (XLA's CSE)."""
+        closed, diff = traced.jaxpr, traced.differentiable
+        nodes = cls(input_readers=[set() for _ in closed.jaxpr.invars])
+        position = 0
+        cse: dict = {}
+        flat_index = [k for k, d in enumerate(diff) if d] + [k for k, d in enumerate(diff) if not d]
+        input_of = {v: flat_index[j] for j, v in enumerate(kj.invars)}  # known input -> flat input
+        for i, eqn in enumerate(kj.eqns):
+            idx = eqn_index_of(eqn.source_info.name_stack)
+            # An equation JAX hoisted out of a rewritten loop's body carries only the body's scope.
+            position = idx if idx is not None and idx < len(closed.jaxpr.eqns) else position
+            inputs = tuple(sorted({nodes.node_of[v] for v in eqn.invars
+                                   if isinstance(v, core.Var) and v in nodes.node_of}))
+            outputs = nodes._add_outputs(eqn, i, nodes._alias(eqn, cse))
+            for u in inputs:
+                nodes.consumers[u].append(i)
+            for v in eqn.invars:
+                if isinstance(v, core.Var) and v in input_of:
+                    nodes.input_readers[input_of[v]].add(i)
+            name = eqn.params.get("name") if eqn.primitive.name == "name" else None
+            nodes.units.append(Unit(i, position, eqn.primitive.name, inputs, tuple(outputs),
+                                    int(cost_model.eqn_flops(eqn)), name, source_line(eqn.source_info.traceback)))
+        return nodes
+
+    def _alias(self, eqn: core.JaxprEqn, cse: dict) -> int:
+        """The buffer ``eqn``'s one output shares: its operand's for a view (-1 for a
+        literal operand), an identical earlier equation's (recorded in ``cse``); -2
+        when it writes a buffer of its own."""
+        if eqn.primitive.name in ALIASING_PRIMITIVES and len(eqn.invars) == 1 and len(eqn.outvars) == 1:
             src = eqn.invars[0]
-            smaller[eqn.outvars[0]] = min(size(src), smaller.get(src, size(src)))
-        elif eqn.primitive.name == "mul" and len(eqn.invars) == 2:
-            a, b = eqn.invars
-            for res, other in ((a, b), (b, a)):
-                if not (isinstance(res, core.Var) and res in index and isinstance(other, core.Var)):
-                    continue
-                if other not in index and smaller.get(other, size(other)) < size(res):
-                    out.add(index[res])
-    return out
+            return self.buffer[self.node_of[src]] if isinstance(src, core.Var) and src in self.node_of else -1
+        if len(eqn.outvars) == 1 and not eqn.effects:
+            key = _cse_key(eqn, self.node_of, self.buffer)
+            if key is not None:
+                if key in cse:
+                    return cse[key]
+                cse[key] = self.count
+        return -2
+
+    def _add_outputs(self, eqn: core.JaxprEqn, unit: int, alias: int) -> list[int]:
+        """Numbers ``eqn``'s outputs as new nodes of ``unit``; returns their ids."""
+        outputs = []
+        for v in eqn.outvars:
+            self.node_of[v] = self.count
+            outputs.append(self.count)
+            self.node_bytes.append(aval_bytes(v.aval))
+            self.node_unit.append(unit)
+            self.buffer.append(alias if alias != -2 else self.count - 1)
+            self.shapes.append(tuple(getattr(v.aval, "shape", ())))
+            self.dtypes.append(str(getattr(v.aval, "dtype", "")))
+            self.consumers.append([])
+        return outputs
 
 
 def input_labels(traced: TracedProgram) -> tuple[str, ...]:
