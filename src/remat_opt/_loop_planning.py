@@ -192,9 +192,18 @@ def body_plans(search: LoopSearch, options: SolverOptions, max_attempts: int) ->
     floor = search.measure(program)
     # Not a solver's choice: reported as a built-in loop plan is.
     status, gap = ("FEASIBLE", 1.0) if flops > 0 else ("OPTIMAL", 0.0)
-    plans = [LoopCandidate(LoopPlan(None, saved=(), body=kind), program, flops, floor, status, gap, 0.0, 1)]
+    nothing = LoopCandidate(LoopPlan(None, saved=(), body=kind), program, flops, floor, status, gap, 0.0, 1)
     logger.info("%s body: %d equations, %d iterations; saving nothing in it peaks at %s on XLA",
                 kind, len(graph.units), body.length, format_bytes(floor))
+    return [nothing, *_saved_sets(search, graph, body, kind, floor, options, max_attempts)]
+
+
+def _saved_sets(search: LoopSearch, graph: ProgramGraph, body: ScanBody, kind: str, floor: int,
+                options: SolverOptions, max_attempts: int) -> list[LoopCandidate]:
+    """The body's saved sets CP-SAT chooses under a per-iteration cap that XLA's
+    measurements steer (the module's docstring), each measured; ``floor`` is the
+    measured peak of the loop saving nothing."""
+    plans: list[LoopCandidate] = []
     cap, seen, stretch, compiles = (search.budget - floor) // body.length, {()}, 1, 0
     measured = floor  # the last set measured: saving nothing, so far
     fitting_flops = math.inf  # per iteration, of the cheapest set measured under the budget
