@@ -3,9 +3,11 @@
 Every schedule CP-SAT returns is compiled and measured; XLA's figure against
 the model's is the model's error on this program, fed back into the next
 target. A plan over the budget tightens the target by its overshoot (and a
-margin). A plan that fits, recomputes something, and that the model
-predicted above XLA's figure by more than ``relax_slack`` of the budget
-loosens it by that error (but not to a target whose plan XLA put over): the
+margin); should the solver return that plan again (the model put it so far
+under the target that the tightened one still admits it), the target goes
+under the plan's own prediction by the overshoot and the margin. A plan
+that fits, recomputes something, and that the model predicted above XLA's
+figure by more than ``relax_slack`` of the budget loosens it by that error (but not to a target whose plan XLA put over): the
 model was conservative there, and a cheaper plan may still fit. Budget left
 unused by an exact prediction is not a reason: the next plan up is then over.
 The plan XLA fits with the fewest recomputed FLOPs wins.
@@ -108,6 +110,7 @@ def _steer(graph: ProgramGraph, budget: int, ceiling_flops: int | None, clock: S
     search, target = _Search(), budget
     best_target, over_target = 0, None  # the fitting plan's target; the least target XLA put over
     seen: set[Schedule] = set()
+    below: dict[Schedule, int] = {}  # per plan XLA put over: a target its prediction exceeds
     for attempt in range(1, steering.max_attempts + 1):
         search.solves = attempt
         started = time.perf_counter()
@@ -126,7 +129,12 @@ def _steer(graph: ProgramGraph, budget: int, ceiling_flops: int | None, clock: S
             search.above_ceiling = True
             break
         if solution.schedule in seen:
-            break  # the target moved, the plan did not
+            if search.best is not None or solution.schedule not in below:
+                break  # the target moved, the plan did not
+            # XLA put this plan over, and the model predicted it so far under the target
+            # that tightening the target did not exclude it: go under its prediction instead.
+            target = below[solution.schedule]
+            continue
         seen.add(solution.schedule)
         program = steering.program(solution.schedule)
         sim = simulate(graph, solution.schedule)
@@ -146,6 +154,7 @@ def _steer(graph: ProgramGraph, budget: int, ceiling_flops: int | None, clock: S
                 target = min(target, (best_target + over_target) // 2)
             continue
         over_target = target if over_target is None else min(over_target, target)
+        below[solution.schedule] = sim.peak_bytes - (measured - budget) - budget // steering.retry_margin
         # Tightened by the overshoot and a margin: a plan the model misjudges by a
         # percent or two would otherwise cost every attempt, each just over.
         target -= measured - budget + budget // steering.retry_margin
