@@ -110,7 +110,7 @@ def _steer(graph: ProgramGraph, budget: int, ceiling_flops: int | None, clock: S
     search, target = _Search(), budget
     best_target, over_target = 0, None  # the fitting plan's target; the least target XLA put over
     seen: set[Schedule] = set()
-    below: dict[Schedule, int] = {}  # per plan XLA put over: a target its prediction exceeds
+    below: dict[Schedule, tuple[int, int]] = {}  # per plan XLA put over: its prediction, the overshoot + margin
     for attempt in range(1, steering.max_attempts + 1):
         search.solves = attempt
         started = time.perf_counter()
@@ -132,8 +132,10 @@ def _steer(graph: ProgramGraph, budget: int, ceiling_flops: int | None, clock: S
             if search.best is not None or solution.schedule not in below:
                 break  # the target moved, the plan did not
             # XLA put this plan over, and the model predicted it so far under the target
-            # that tightening the target did not exclude it: go under its prediction instead.
-            target = below[solution.schedule]
+            # that tightening the target did not exclude it: go under its prediction instead
+            # (and under the target, should CP-SAT's planning model count it lower still).
+            predicted, step = below[solution.schedule]
+            target = min(predicted, target) - step
             continue
         seen.add(solution.schedule)
         program = steering.program(solution.schedule)
@@ -154,7 +156,7 @@ def _steer(graph: ProgramGraph, budget: int, ceiling_flops: int | None, clock: S
                 target = min(target, (best_target + over_target) // 2)
             continue
         over_target = target if over_target is None else min(over_target, target)
-        below[solution.schedule] = sim.peak_bytes - (measured - budget) - budget // steering.retry_margin
+        below[solution.schedule] = sim.peak_bytes, measured - budget + budget // steering.retry_margin
         # Tightened by the overshoot and a margin: a plan the model misjudges by a
         # percent or two would otherwise cost every attempt, each just over.
         target -= measured - budget + budget // steering.retry_margin
