@@ -5,7 +5,8 @@ the model's is the model's error on this program, fed back into the next
 target. A plan over the budget tightens the target by its overshoot (and a
 margin); should the solver return that plan again (the model put it so far
 under the target that the tightened one still admits it), the target goes
-under the plan's own prediction by the overshoot and the margin. A plan
+under the plan's own prediction (or the target, if lower) by the overshoot
+and the margin. A plan
 that fits, recomputes something, and that the model predicted above XLA's
 figure by more than ``relax_slack`` of the budget loosens it by that error (but not to a target whose plan XLA put over): the
 model was conservative there, and a cheaper plan may still fit. Budget left
