@@ -6,9 +6,9 @@ target. A plan over the budget tightens the target by its overshoot (and a
 margin); should the solver return that plan again (the model put it so far
 under the target that the tightened one still admits it), the target goes
 under the plan's own prediction (or the target, if lower) by the overshoot
-and the margin. A plan
-that fits, recomputes something, and that the model predicted above XLA's
-figure by more than ``relax_slack`` of the budget loosens it by that error (but not to a target whose plan XLA put over): the
+and the margin. A plan that fits, recomputes something, and that the model
+predicted above XLA's figure by more than ``relax_slack`` of the budget
+loosens it by that error (but not to a target whose plan XLA put over): the
 model was conservative there, and a cheaper plan may still fit. Budget left
 unused by an exact prediction is not a reason: the next plan up is then over.
 The plan XLA fits with the fewest recomputed FLOPs wins.
