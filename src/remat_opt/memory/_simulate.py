@@ -161,7 +161,7 @@ def calibrate(graph: ProgramGraph, plain_peak_bytes: int) -> ProgramGraph:
 
 def _read_copies(
     graph: ProgramGraph, copies: list[tuple[int, int, int, int]], recomputed: set[int],
-    seg_of: tuple[int, ...], node_seg: list[int],
+    seg_of: tuple[int, ...], node_seg: tuple[int, ...],
 ) -> list[tuple[int, int, int, int]]:
     """The top level's values stored across a cut, from the first segment whose
     backward reads them (the prediction, in schedules without nesting).
@@ -355,7 +355,7 @@ def _recomputed(graph: ProgramGraph, schedule: Schedule, layout: _Layout, copies
                        if graph.residual[v] or v in read]
     copies += [(v, level, node_seg[v], layout.levels[level][1]) for v, level in outputs_only if v in read]
     if not planning and not schedule.nested:
-        copies = _read_copies(graph, copies, recomputed, layout.seg_of, list(node_seg))
+        copies = _read_copies(graph, copies, recomputed, layout.seg_of, node_seg)
     return recomputed, copies
 
 
@@ -482,7 +482,7 @@ def _slot_credit(graph: ProgramGraph, schedule: Schedule, layout: _Layout, copie
         items = {b: (graph.node_bytes[b], p) for b, p in slot_candidates(graph, slots, crossing - nested_copies).items()}
         return [slot_credit([items[b] for b in live if b in items], slots) for live in live_buffers]
     # XLA's assignment: any slot as large, once for the whole step; then what is rematerialized
-    stored = stored_in_slots(graph, copies, list(node_seg), nested_copies, schedule.saved)
+    stored = stored_in_slots(graph, copies, node_seg, nested_copies, schedule.saved)
     slot_segments = [seg_of[min(last, graph.num_positions - 1)] for _, last in slots]
     fenced = {j: seg_start[j] for j in range(layout.num_segments) if j not in layout.as_written}
     return predicted_slot_credit(stored, rematerialized_buffers(graph, remat_sizes, seg_of, branch_live),

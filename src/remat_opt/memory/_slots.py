@@ -17,7 +17,7 @@ model (:func:`remat_opt.memory._simulate.simulate`) credits those bytes in two w
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
 from ..program._graph import ProgramGraph, aval_bytes
@@ -140,7 +140,7 @@ class StoredBuffer(NamedTuple):
 
 
 def stored_in_slots(
-    graph: ProgramGraph, copies: list[tuple[int, int, int, int]], node_seg: list[int], nested: set[int],
+    graph: ProgramGraph, copies: list[tuple[int, int, int, int]], node_seg: Sequence[int], nested: set[int],
     saved: frozenset[int],
 ) -> list[StoredBuffer]:
     """The top level's stored buffers that the prediction lays over gradient
