@@ -127,3 +127,20 @@ def test_optimize_takes_a_loop_plan_where_it_is_cheapest(caplog):
     got = jax.grad(step)(params, x)
     for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(jax.grad(loss)(params, x))):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+
+
+def test_no_nested_plan_recomputes_less_than_the_loop_saving_nothing():
+    # loop_plans skips tracing a nested plan when the loop saving nothing already
+    # recomputes as much as a plan that fits: nesting reruns every iteration's forward.
+    from remat_opt._loop_planning import LoopSearch
+    from remat_opt.memory._measure import gradient_flops
+    from remat_opt.program._trace import grad_argnums, normalize_argnums
+
+    params, x = _setup()
+    argnums = normalize_argnums(0, 2)
+    whole, nums = trace(loss, (params, x), {}, argnums), grad_argnums(argnums)
+    baseline = gradient_flops(loss, (params, x), {}, nums, None, False)
+    search = LoopSearch(loss, whole, (params, x), {}, argnums, nums, None, False, 1.0, baseline, 0, None, None)
+    nothing, _ = search.program(LoopPlan(None, saved=()))
+    nested = [search.program(p)[0] for p in loop_candidates(scan_lengths(whole)) if p.chunks > 1]
+    assert nested and nothing > 0 and min(nested) >= nothing
