@@ -56,37 +56,3 @@ def test_kept_figures_are_bounded(compiles, monkeypatch):
     assert len(compiles) == 4
     peak_bytes(loss, w, jnp.ones((3, 16)))  # kept
     assert len(compiles) == 4
-
-
-def test_a_compile_started_ahead_is_waited_for_not_repeated(compiles):
-    w, x = jnp.ones((32, 32)), jnp.ones((8, 32))
-    lowered = jax.jit(jax.value_and_grad(loss)).lower(w, x)
-    figures = lambda low: low.compile().memory_analysis().temp_size_in_bytes  # noqa: E731
-    _compiles.compile_ahead(lowered, "test", figures)
-    _compiles.compile_ahead(lowered, "test", figures)  # started already: not again
-    assert _compiles.compiled_figures(lowered, "test", figures) == figures(lowered)
-    assert len(compiles) == 2  # the one started ahead, and the check's own
-    _compiles.compiled_figures(lowered, "test", figures)
-    assert len(compiles) == 2
-
-
-def test_a_compile_started_ahead_that_fails_raises_where_it_is_read(compiles):
-    lowered = jax.jit(jax.value_and_grad(loss)).lower(jnp.ones((32, 32)), jnp.ones((8, 32)))
-
-    def failing(low):
-        raise RuntimeError("XLA ran out of memory")
-
-    _compiles.compile_ahead(lowered, "failing", failing)
-    with pytest.raises(RuntimeError, match="out of memory"):
-        _compiles.compiled_figures(lowered, "failing", failing)
-    assert _compiles.compiled_figures(lowered, "failing", lambda low: 7) == 7  # not kept: read again
-
-
-def test_a_measurer_gives_the_same_peak_ahead_or_not(compiles):
-    from remat_opt._mesh import Measurer
-
-    args = (jnp.ones((32, 32)), jnp.ones((8, 32)))
-    measure = Measurer(args, {}, 0, False, None, figures_only=True)
-    measure.ahead(loss)
-    assert measure(loss) == peak_bytes(loss, *args)
-    assert len(compiles) == 2  # figures only ahead, and peak_bytes's default compile

@@ -180,57 +180,27 @@ def loop_plans(search: LoopSearch, ceiling_flops: int | None = None, nested_floo
     return plans
 
 
-@dataclass(frozen=True)
-class LoopBody:
-    """The body of a program's one planned scan (or ``shard_map``), and the loop
-    plan that saves nothing in it (measured first: see the module's docstring).
-
-    Attributes:
-        body: the body and its iteration count.
-        graph: its program graph.
-        kind: ``"scan"`` or ``"shard_map"``.
-        nothing: the loop plan saving nothing in the body.
-        flops: FLOPs that plan recomputes.
-        program: ``fn`` under that plan.
-    """
-
-    body: ScanBody
-    graph: ProgramGraph
-    kind: str
-    nothing: LoopPlan
-    flops: int
-    program: Callable[..., Any]
-
-
-def loop_body(search: LoopSearch) -> LoopBody | None:
-    """The body :func:`body_plans` plans; ``None`` for a program with no planned
-    scan or several (their bodies would share one budget)."""
+def body_plans(search: LoopSearch, options: SolverOptions, max_attempts: int) -> list[LoopCandidate]:
+    """Saved sets CP-SAT chose for the body of the program's one planned scan,
+    each measured on XLA (see the module's docstring). None for a program
+    with no planned scan or several (their bodies would share one budget)."""
     positions = planned_bodies(search.whole)
     if len(positions) != 1:
-        return None
+        return []
     kind = search.whole.jaxpr.jaxpr.eqns[positions[0]].primitive.name
     if kind == "shard_map":  # one call, planned per device: a body of one iteration
         body = ScanBody(positions[0], 1, shard_map_body(search.whole, positions[0]))
     else:
         body = scan_body(search.whole, positions[0])
-    nothing = LoopPlan(None, saved=(), body=kind)
-    flops, program = search.program(nothing)
-    return LoopBody(body, build_graph(body.program, search.cost_model), kind, nothing, flops, program)
-
-
-def body_plans(search: LoopSearch, planned: LoopBody | None, options: SolverOptions,
-               max_attempts: int) -> list[LoopCandidate]:
-    """Saved sets CP-SAT chose for ``planned``'s body, each measured on XLA (see
-    the module's docstring), after the loop plan saving nothing in it."""
-    if planned is None:
-        return []
-    floor = search.measure(planned.program)
+    graph = build_graph(body.program, search.cost_model)
+    flops, program = search.program(LoopPlan(None, saved=(), body=kind))
+    floor = search.measure(program)
     # Not a solver's choice: reported as a built-in loop plan is.
-    status, gap = ("FEASIBLE", 1.0) if planned.flops > 0 else ("OPTIMAL", 0.0)
-    nothing = LoopCandidate(planned.nothing, planned.program, planned.flops, floor, status, gap, 0.0, 1)
-    logger.info("%s body: %d equations, %d iterations; saving nothing in it peaks at %s on XLA", planned.kind,
-                len(planned.graph.units), planned.body.length, format_bytes(floor))
-    return [nothing, *_saved_sets(search, planned.graph, planned.body, planned.kind, floor, options, max_attempts)]
+    status, gap = ("FEASIBLE", 1.0) if flops > 0 else ("OPTIMAL", 0.0)
+    nothing = LoopCandidate(LoopPlan(None, saved=(), body=kind), program, flops, floor, status, gap, 0.0, 1)
+    logger.info("%s body: %d equations, %d iterations; saving nothing in it peaks at %s on XLA",
+                kind, len(graph.units), body.length, format_bytes(floor))
+    return [nothing, *_saved_sets(search, graph, body, kind, floor, options, max_attempts)]
 
 
 def _saved_sets(search: LoopSearch, graph: ProgramGraph, body: ScanBody, kind: str, floor: int,

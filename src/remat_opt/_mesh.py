@@ -18,60 +18,46 @@ import jax
 
 from ._errors import InfeasibleBudgetError
 from ._plan import Plan
-from .memory._compiles import compile_ahead, compile_for_figures, compiled_figures
+from .memory._compiles import compile_for_figures, compiled_figures
 from .memory._measure import memory_of, traced_step
 from .memory._sharded import Partitioned, collective_bytes, collective_decisions
 from .program._cost import Interconnect
 from .program._graph import ProgramGraph
 from .program._static import mesh_sharding
 
-class Measurer:
+Measure = Callable[[Callable[..., Any]], int]
+
+
+def measurer(args: tuple, kwargs: dict, nums: Any, has_aux: bool, collectives: dict[int, int] | None,
+             figures_only: bool = False) -> Measure:
     """XLA's peak of a program's gradient step on these arguments; with
     ``collectives`` (a sharded program), each program's collective bytes too,
     by its id (the programs are kept alive while the ids stand for them).
     With ``figures_only``, each program is compiled with
-    :data:`remat_opt.memory._compiles.FIGURES_ONLY`: the same figures, sooner.
+    :data:`remat_opt.memory._compiles.FIGURES_ONLY`: the same figures, sooner."""
+    measured: list[Callable[..., Any]] = []
 
-    Calling it measures a program; :meth:`ahead` starts the compile of one
-    the planner will measure next, beside what it does meanwhile."""
+    def compiled(lowered: Any) -> Any:
+        return compile_for_figures(lowered) if figures_only else lowered.compile()
 
-    def __init__(self, args: tuple, kwargs: dict, nums: Any, has_aux: bool, collectives: dict[int, int] | None,
-                 figures_only: bool = False):
-        self.args, self.kwargs, self.nums, self.has_aux = args, kwargs, nums, has_aux
-        self.collectives, self.figures_only = collectives, figures_only
-        self._measured: list[Callable[..., Any]] = []  # keeps the programs the collectives' ids name
+    def peak(lowered: Any) -> int:
+        return memory_of(compiled(lowered))
 
-    def __call__(self, f: Callable[..., Any]) -> int:
-        lowered, kind, figures = self._compile(f)
-        if self.collectives is None:
-            return compiled_figures(lowered, kind, figures)
-        figure, self.collectives[id(f)] = compiled_figures(lowered, kind, figures)
-        self._measured.append(f)
+    def peak_and_collectives(lowered: Any) -> tuple[int, int]:
+        program = compiled(lowered)
+        return memory_of(program), collective_bytes(program.as_text())
+
+    suffix = ", figures only" if figures_only else ""
+
+    def measure(f: Callable[..., Any]) -> int:
+        lowered = traced_step(f, args, kwargs, nums, has_aux).lower()
+        if collectives is None:
+            return compiled_figures(lowered, "peak" + suffix, peak)  # "peak": as remat_opt.peak_bytes keeps it
+        figure, collectives[id(f)] = compiled_figures(lowered, "peak and collectives" + suffix, peak_and_collectives)
+        measured.append(f)
         return figure
 
-    def ahead(self, f: Callable[..., Any]) -> None:
-        """Starts compiling ``f``'s gradient step on a background thread
-        (:func:`remat_opt.memory._compiles.compile_ahead`); calling this on
-        ``f`` later waits for it."""
-        compile_ahead(*self._compile(f))
-
-    def _compile(self, f: Callable[..., Any]) -> tuple[Any, str, Callable[[Any], Any]]:
-        """``f``'s lowered step, the kind of figures read, and the function that reads them."""
-        lowered = traced_step(f, self.args, self.kwargs, self.nums, self.has_aux).lower()
-        suffix = ", figures only" if self.figures_only else ""
-        if self.collectives is None:
-            return lowered, "peak" + suffix, self._peak  # "peak": as remat_opt.peak_bytes keeps it
-        return lowered, "peak and collectives" + suffix, self._peak_and_collectives
-
-    def _compiled(self, lowered: Any) -> Any:
-        return compile_for_figures(lowered) if self.figures_only else lowered.compile()
-
-    def _peak(self, lowered: Any) -> int:
-        return memory_of(self._compiled(lowered))
-
-    def _peak_and_collectives(self, lowered: Any) -> tuple[int, int]:
-        program = self._compiled(lowered)
-        return memory_of(program), collective_bytes(program.as_text())
+    return measure
 
 
 def per_device_error(err: InfeasibleBudgetError, args: tuple, kwargs: dict,

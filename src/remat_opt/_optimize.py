@@ -29,9 +29,9 @@ from ._cache import cache_directory, derivative_text, layout_of, options_of, pla
 from ._errors import InfeasibleBudgetError
 from ._forward import forward_mode
 from ._inputs import check_call
-from ._loop_planning import LoopSearch, body_plans, loop_body, loop_plans
+from ._loop_planning import LoopSearch, body_plans, loop_plans
 from ._lowest import lowest_kept, recall, remember
-from ._mesh import Measurer, per_device_error, sharded_twin, with_collectives
+from ._mesh import measurer, per_device_error, sharded_twin, with_collectives
 from ._plan import Plan, annotate
 from ._policy_planning import PolicyCandidate, counted_policies, measured_policies, within_reach
 from ._restore import cached_plan
@@ -138,13 +138,6 @@ class OptimizedFunction:
         # On a mesh, values take one device's bytes and collectives their cost (memory._sharded).
         graph, partitioned = sharded_graph(build_graph(traced, self.cost_model), self.fn, args, kwargs, nums,
                                            self.has_aux, self.interconnect)
-        collectives: dict[int, int] = {}  # on a mesh, per measured program's id: XLA's collective bytes
-        on_mesh = collectives if partitioned is not None else None
-        # Candidates are compiled for their figures only; the plan returned, as the user's jit compiles it.
-        measure = Measurer(args, kwargs, nums, self.has_aux, on_mesh, figures_only=True)
-        verify = Measurer(args, kwargs, nums, self.has_aux, on_mesh)
-        measure.ahead(self.fn)  # the plain peak, always measured: compiled beside the facts' program
-
         # XLA's account of the program: what no rule of the model knows, the
         # gradients it sums from partials held to the end, and each transpose's scratch.
         compiled = read_plain(self.fn, traced, args, kwargs, nums, self.has_aux) if self.xla_facts else None
@@ -152,11 +145,17 @@ class OptimizedFunction:
             check_known(graph)
         graph = with_memory_facts(graph, compiled)
 
+        collectives: dict[int, int] = {}  # on a mesh, per measured program's id: XLA's collective bytes
+        on_mesh = collectives if partitioned is not None else None
+        # Candidates are compiled for their figures only; the plan returned, as the user's jit compiles it.
+        measure = measurer(args, kwargs, nums, self.has_aux, on_mesh, figures_only=True)
+        verify = measurer(args, kwargs, nums, self.has_aux, on_mesh)
+
         # The program's key at any budget: what an earlier search of it measured lowest (remat_opt._lowest).
         lowest_key = plan_key(whole, None, options_of(self, argnums), layout_of(args, kwargs, self.interconnect),
                               derivative_text(whole, self.fn, args, kwargs, nums, self.has_aux))
 
-        def search(measure: Measurer) -> tuple[Plan, Callable[..., Any]]:
+        def search(measure: Callable[[Callable[..., Any]], int]) -> tuple[Plan, Callable[..., Any]]:
             return self._search(traced, whole, graph, args, kwargs, argnums, nums, measure, compiled, lowest_key)
 
         try:
@@ -175,7 +174,7 @@ class OptimizedFunction:
                                 self.interconnect), program
 
     def _search(self, traced: TracedProgram, whole: TracedProgram, graph: ProgramGraph, args: tuple, kwargs: dict,
-                argnums: tuple[int, ...], nums: Any, measure: Measurer,
+                argnums: tuple[int, ...], nums: Any, measure: Callable[[Callable[..., Any]], int],
                 compiled: Any, lowest_key: str) -> tuple[Plan, Callable[..., Any]]:
         """The plan that fits with the fewest recomputed FLOPs, of all strategies measured."""
 
@@ -199,15 +198,6 @@ class OptimizedFunction:
                               "PLAIN", 0.0, 0.0, 0)
             return plan, self.fn
 
-        def make_plan(graph, sim, measured, flops, status, gap, seconds, attempts):
-            return self._plan(graph, sim, Schedule(plain=True), measured, plain_peak, flops, baseline_flops,
-                              status, gap, seconds, attempts)
-
-        search = LoopSearch(self.fn, whole, args, kwargs, argnums, nums, self.cost_model, self.has_aux,
-                            whole_graph.plain_storage_scale, baseline_flops, budget, measure, make_plan)
-        body = loop_body(search)
-        if body is not None:  # measured next, unless the policy below fits: compiled beside it
-            measure.ahead(body.program)
         # jax.checkpoint around fn with a built-in policy that recomputes nothing:
         # when XLA fits it (it can keep less than fn as written), nothing beats it.
         policies = counted_policies(self.fn, args, kwargs, nums, self.cost_model, self.has_aux, baseline_flops)
@@ -215,8 +205,14 @@ class OptimizedFunction:
         if free and free[-1].measured <= budget:
             return self._policy_plan(whole_graph, free[-1], plain_peak, baseline_flops, 0.0)
 
+        def make_plan(graph, sim, measured, flops, status, gap, seconds, attempts):
+            return self._plan(graph, sim, Schedule(plain=True), measured, plain_peak, flops, baseline_flops,
+                              status, gap, seconds, attempts)
+
+        search = LoopSearch(self.fn, whole, args, kwargs, argnums, nums, self.cost_model, self.has_aux,
+                            whole_graph.plain_storage_scale, baseline_flops, budget, measure, make_plan)
         # CP-SAT's body plans first: a built-in loop plan is measured only if it recomputes less.
-        bodies = body_plans(search, body, self.solver_options, self.max_attempts)
+        bodies = body_plans(search, self.solver_options, self.max_attempts)
         body_ceiling = min((c.flops for c in bodies if c.measured <= budget), default=None)
         loops = [*bodies, *loop_plans(search, body_ceiling, nested_floor=bodies[0].flops if bodies else 0)]
         cheapest = min((c for c in loops if c.measured <= budget), key=lambda c: c.flops, default=None)
@@ -352,7 +348,7 @@ class OptimizedFunction:
         return None, min(measured_plans, key=lambda p: p[0].measured_peak_bytes, default=None)
 
     def _steering(self, graph: ProgramGraph, args: tuple, kwargs: dict, nums: Any,
-                  measure: Measurer, baseline_flops: int, plain_peak: int) -> Steering:
+                  measure: Callable[[Callable[..., Any]], int], baseline_flops: int, plain_peak: int) -> Steering:
         """This call's limits and stages, for CP-SAT's search steered by XLA (:mod:`remat_opt._steering`)."""
 
         def finish(sim, schedule, measured, program, status, gap, seconds, attempts):
@@ -362,7 +358,7 @@ class OptimizedFunction:
         return Steering(self.solver_options, self.max_attempts, self.RELAX_SLACK, self.RETRY_MARGIN,
                         self.FALLBACK_CANDIDATES, self.MODEL_SLACK, functools.partial(self._program, graph),
                         measure, finish, lambda schedule, measured: self._infeasible(graph, schedule, measured,
-                                                                                       plain_peak), measure.ahead)
+                                                                                       plain_peak))
 
     def _policy_plan(self, graph: ProgramGraph, candidate: PolicyCandidate, plain_peak: int, baseline_flops: int,
                      solve_seconds: float) -> tuple[Plan, Callable[..., Any]]:

@@ -58,7 +58,6 @@ class Steering:
             program, solver status, gap, solve seconds, attempts).
         infeasible: the error for a budget below reach, from the lowest-memory schedule
             and its measured peak.
-        ahead: starts compiling a function that will be measured, beside what runs meanwhile.
     """
 
     options: SolverOptions
@@ -71,7 +70,6 @@ class Steering:
     measure: Callable[[Callable[..., Any]], int]
     finish: Callable[[Simulation, Schedule, int, Callable[..., Any], str, float, float, int], Planned]
     infeasible: Callable[[Schedule, int], InfeasibleBudgetError]
-    ahead: Callable[[Callable[..., Any]], None] = lambda program: None
 
 
 @dataclasses.dataclass
@@ -192,12 +190,9 @@ def lowest_memory_plan(graph: ProgramGraph, budget: int, ceiling_flops: int | No
         flops = {c: f for c, f in flops.items() if f < ceiling_flops and sims[c].peak_bytes <= slack}
         if not flops:
             return None
-    programs = {candidate: steering.program(candidate) for candidate in flops}
-    for program in programs.values():  # every one is measured: two compile at once
-        steering.ahead(program)
     tried = []
     for k, (candidate, candidate_flops) in enumerate(flops.items(), 1):
-        program = programs[candidate]
+        program = steering.program(candidate)
         tried.append((steering.measure(program), candidate_flops, candidate, program))
         logger.info("lowest-memory schedule %d/%d: measured %s, predicted %s", k, len(flops),
                     format_bytes(tried[-1][0]), format_bytes(sims[candidate].peak_bytes))

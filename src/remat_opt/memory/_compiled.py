@@ -36,7 +36,7 @@ from typing import Any
 import jax
 from jax.experimental.compilation_cache import compilation_cache
 
-from ._compiles import compile_for_figures, compiled_figures, settled
+from ._compiles import compile_for_figures, compiled_figures
 from ._hlo import EQN, PASS_THROUGH, Instruction, array_bytes, origin, parse_module
 from ._measure import memory_of
 from ._scratch import transpose_scratch
@@ -234,12 +234,10 @@ def _compiled_afresh() -> Iterator[None]:
     """JAX's persistent compilation cache off, for one compile: an executable
     loaded from it was not compiled in this process, so XLA dumps nothing for
     it (``xla_dump_to`` is not part of the cache key). The cache is reset
-    before and after, as ``reset_cache`` documents; not thread-safe, so the
-    compiles started ahead end first."""
+    before and after, as ``reset_cache`` documents; not thread-safe."""
     if not jax.config.jax_compilation_cache_dir or not jax.config.jax_enable_compilation_cache:
         yield
         return
-    settled()
     compilation_cache.reset_cache()
     jax.config.update("jax_enable_compilation_cache", False)
     try:

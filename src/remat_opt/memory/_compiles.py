@@ -10,13 +10,6 @@ module on the same backend, with the same flags, gets the same figures. They
 are kept here, keyed by a digest of the lowered module's text (without debug
 locations, which do not change a buffer) and of what else the compiler reads:
 the backend and its devices, ``XLA_FLAGS``, and the jax version.
-
-A compile the planner knows it will need can start ahead
-(:func:`compile_ahead`), on one of two background threads, while the planner
-traces, solves or compiles something else: XLA releases Python's lock while
-it compiles, so compiles run at once on as many cores. Only what is started
-ahead runs there, and the figures are the same as the planner's own compile
-would give, so a plan does not depend on which thread compiled what.
 """
 
 from __future__ import annotations
@@ -25,7 +18,6 @@ import hashlib
 import os
 from collections import OrderedDict
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import jax
@@ -44,14 +36,10 @@ compile on XLA:CPU takes about 0.6 of the time (a rewritten schedule, about
 compile it, and that figure is the one reported (``remat_opt._verify``).
 """
 
-BACKGROUND = 2
-"""Threads that compile what was started ahead."""
-
 KEPT = 1024
 """Figures kept, the least recently used dropped first (each is a few numbers)."""
 
-_figures: OrderedDict[tuple[str, str], Any] = OrderedDict()  # figures, or the Future of a compile started ahead
-_background: ThreadPoolExecutor | None = None
+_figures: OrderedDict[tuple[str, str], Any] = OrderedDict()
 
 
 def _digest(lowered: Any) -> str:
@@ -70,7 +58,6 @@ def compile_for_figures(lowered: Any, **options: Any) -> Any:
 def compiled_figures(lowered: Any, kind: str, figures: Callable[[Any], T]) -> T:
     """``figures(lowered)``, which compiles it, run only the first time this
     process asks for ``kind`` of this program; afterwards, the figures kept.
-    A compile started ahead (:func:`compile_ahead`) is waited for.
 
     Args:
         lowered: a ``jax.stages.Lowered``.
@@ -82,48 +69,14 @@ def compiled_figures(lowered: Any, kind: str, figures: Callable[[Any], T]) -> T:
     key = (kind, _digest(lowered))
     if key in _figures:
         _figures.move_to_end(key)
-        value = _figures[key]
-        if not isinstance(value, Future):
-            return value
-        try:
-            _figures[key] = value.result()
-        except BaseException:
-            del _figures[key]  # raised here, as the planner's own compile would; not kept
-            raise
         return _figures[key]
     value = figures(lowered)
-    _keep(key, value)
-    return value
-
-
-def compile_ahead(lowered: Any, kind: str, figures: Callable[[Any], Any]) -> None:
-    """Starts ``figures(lowered)`` on a background thread, for
-    :func:`compiled_figures` with the same ``kind`` to wait for later; nothing
-    if those figures are kept or started already."""
-    global _background
-    key = (kind, _digest(lowered))
-    if key in _figures:
-        return
-    if _background is None:
-        _background = ThreadPoolExecutor(max_workers=BACKGROUND, thread_name_prefix="remat_opt_compile")
-    _keep(key, _background.submit(figures, lowered))
-
-
-def settled() -> None:
-    """Waits for every compile started ahead (its outcome stays for :func:`compiled_figures`)."""
-    for value in list(_figures.values()):
-        if isinstance(value, Future):
-            value.exception()  # waits; raises nothing
-
-
-def _keep(key: tuple[str, str], value: Any) -> None:
     _figures[key] = value
     if len(_figures) > KEPT:
         _figures.popitem(last=False)
+    return value
 
 
 def forget() -> None:
-    """Drops every figure kept (a test that counts compiles starts from none),
-    once the compiles started ahead have ended."""
-    settled()
+    """Drops every figure kept (a test that counts compiles starts from none)."""
     _figures.clear()
