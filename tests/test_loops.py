@@ -11,12 +11,13 @@ import pytest
 from jax import lax
 
 import remat_opt
+from remat_opt._loop_planning import LoopSearch
 from remat_opt.memory import model_graph
+from remat_opt.memory._measure import gradient_flops
 from remat_opt.rewrite._loops import LoopPlan, loop_candidates, loop_program, scan_lengths
 from remat_opt.memory._simulate import calibrate, simulate
-from remat_opt.program._trace import with_signature
+from remat_opt.program._trace import grad_argnums, normalize_argnums, trace, with_signature
 from remat_opt._schedule import Schedule
-from remat_opt.program._trace import trace
 
 LAYERS, WIDTH, BATCH = 6, 32, 128
 
@@ -132,10 +133,6 @@ def test_optimize_takes_a_loop_plan_where_it_is_cheapest(caplog):
 def test_no_nested_plan_recomputes_less_than_the_loop_saving_nothing():
     # loop_plans skips tracing a nested plan when the loop saving nothing already
     # recomputes as much as a plan that fits: nesting reruns every iteration's forward.
-    from remat_opt._loop_planning import LoopSearch
-    from remat_opt.memory._measure import gradient_flops
-    from remat_opt.program._trace import grad_argnums, normalize_argnums
-
     params, x = _setup()
     argnums = normalize_argnums(0, 2)
     whole, nums = trace(loss, (params, x), {}, argnums), grad_argnums(argnums)

@@ -181,9 +181,10 @@ def loop_plans(search: LoopSearch, ceiling_flops: int | None = None, nested_floo
 
 
 def body_plans(search: LoopSearch, options: SolverOptions, max_attempts: int) -> list[LoopCandidate]:
-    """Saved sets CP-SAT chose for the body of the program's one planned scan,
-    each measured on XLA (see the module's docstring). None for a program
-    with no planned scan or several (their bodies would share one budget)."""
+    """The loop saving nothing in the body of the program's one planned scan,
+    first, then the saved sets CP-SAT chose for it, each measured on XLA (see
+    the module's docstring). None for a program with no planned scan or
+    several (their bodies would share one budget)."""
     positions = planned_bodies(search.whole)
     if len(positions) != 1:
         return []

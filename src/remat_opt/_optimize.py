@@ -214,7 +214,8 @@ class OptimizedFunction:
         # CP-SAT's body plans first: a built-in loop plan is measured only if it recomputes less.
         bodies = body_plans(search, self.solver_options, self.max_attempts)
         body_ceiling = min((c.flops for c in bodies if c.measured <= budget), default=None)
-        loops = [*bodies, *loop_plans(search, body_ceiling, nested_floor=bodies[0].flops if bodies else 0)]
+        nothing_flops = bodies[0].flops if bodies else 0  # the loop saving nothing in the body comes first
+        loops = [*bodies, *loop_plans(search, body_ceiling, nested_floor=nothing_flops)]
         cheapest = min((c for c in loops if c.measured <= budget), key=lambda c: c.flops, default=None)
         best_loop = None if cheapest is None else (search.plan(cheapest), cheapest.program)
         # Only a schedule cheaper than what already fits is worth measuring: than the

@@ -157,10 +157,11 @@ def _steer(graph: ProgramGraph, budget: int, ceiling_flops: int | None, clock: S
                 target = min(target, (best_target + over_target) // 2)
             continue
         over_target = target if over_target is None else min(over_target, target)
-        below[solution.schedule] = sim.peak_bytes, measured - budget + budget // steering.retry_margin
         # Tightened by the overshoot and a margin: a plan the model misjudges by a
         # percent or two would otherwise cost every attempt, each just over.
-        target -= measured - budget + budget // steering.retry_margin
+        step = measured - budget + budget // steering.retry_margin
+        below[solution.schedule] = sim.peak_bytes, step
+        target -= step
         if search.best is not None:
             target = max(target, (best_target + over_target) // 2)
     return search
