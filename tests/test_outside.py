@@ -67,3 +67,23 @@ def test_the_traced_count_decides_the_ceiling_and_the_order():
     assert [s for s, _ in first] == [s for s, _ in by_model[::-1] if traced(s) < ceiling][:per_tier]
     assert first  # the ceiling lets some through
     assert all(traced(s) < ceiling for s, _ in first)
+
+
+def test_the_cheapest_schedule_predicted_to_fit_is_measured_after_those_the_slack_lets_in():
+    # The slack admits schedules the model puts over the budget (it over-predicts segmented
+    # plans); they must not crowd out the cheapest one it puts under, which XLA may well fit.
+    args = ([jnp.full((16,), 0.1) for _ in range(9)], jnp.full((16, 4), 0.1), jnp.ones((32, 16)))
+    graph = model_graph(trace(head_on_a_chain, args, {}, (0, 1)))
+    plain = simulate(graph, Schedule(plain=True)).peak_bytes
+    by_flops = outside_tiers(graph, 10 * plain, None, 0.15, 100)[0]
+    per_tier = 2
+    head_low = min(sim.peak_bytes for _, sim in by_flops[:per_tier])
+    fit = next((s, sim) for s, sim in by_flops if sim.peak_bytes < head_low)
+    budget = fit[1].peak_bytes
+    slack = max(sim.peak_bytes for _, sim in by_flops[:per_tier]) / budget - 1 + 0.01
+    tier = outside_tiers(graph, budget, None, slack, per_tier)[0]
+    assert [s for s, _ in tier[:per_tier]] == [s for s, _ in by_flops[:per_tier]]  # the slack's, cheapest first
+    assert all(sim.peak_bytes > budget for _, sim in tier[:per_tier])
+    assert len(tier) == per_tier + 1 and tier[-1][0] == fit[0]  # then the cheapest predicted to fit
+    # Where one of the cheapest is predicted to fit already, the tier keeps its size.
+    assert len(outside_tiers(graph, head_low, None, slack, per_tier)[0]) == per_tier

@@ -299,7 +299,8 @@ class OptimizedFunction:
     budget is re-solved under a target loosened by the error (:mod:`remat_opt._steering`)."""
 
     MEASURED_CANDIDATES = 3
-    """Schedules outside CP-SAT's search measured on XLA, at most, per tier and plan."""
+    """Schedules outside CP-SAT's search measured on XLA, at most, per tier and plan; in the
+    first tier one more, the cheapest the model fits, when these are all predicted over."""
 
     MODEL_SLACK = 0.15
     """How far over the budget the model may predict a schedule that is still worth
@@ -317,7 +318,7 @@ class OptimizedFunction:
         The model ranks them in tiers (:func:`remat_opt.solve._outside.outside_tiers`:
         within :attr:`MODEL_SLACK` of the budget, the cheapest first, counted on
         the traced gradient as the ceiling is; then, when
-        nothing else fits, the lowest), at most :attr:`MEASURED_CANDIDATES` each;
+        nothing else fits, the lowest), about :attr:`MEASURED_CANDIDATES` each;
         XLA decides.
         """
         started = time.perf_counter()

@@ -38,7 +38,9 @@ def outside_tiers(graph: ProgramGraph, budget: int, ceiling_flops: int | None, s
     by the units it reruns, while JAX's partial evaluation of a checkpointed
     segment can change the gradient's FLOPs either way. Then,
     when nothing fits yet (no ceiling), those the model puts lowest. At most
-    ``per_tier`` each; ties broken by cuts, so the order is deterministic.
+    ``per_tier`` each, and in the first one more where the ``per_tier``
+    cheapest are all predicted over the budget: the cheapest predicted under
+    it. Ties broken by cuts, so the order is deterministic.
     Schedules the model runs alike (the same units recomputed, the same
     values stored, the same peak: Chen's segmentation, and the same
     with dots saved only where the last segment keeps them anyway) are
@@ -61,14 +63,24 @@ def outside_tiers(graph: ProgramGraph, budget: int, ceiling_flops: int | None, s
     within = sorted((t for t in sims if t[1].peak_bytes <= budget * (1 + slack) and t[1].peak_bytes < saving),
                     key=key)
     if traced_flops is None:
-        cheapest = [t for t in within if ceiling_flops is None or t[1].recompute_flops < ceiling_flops]
+        below = [t for t in within if ceiling_flops is None or t[1].recompute_flops < ceiling_flops]
+        cheapest = _with_cheapest_fit(below, per_tier, budget)
     else:
-        cheapest = _by_traced_flops(within[:per_tier], traced_flops, ceiling_flops)
-    tiers = [cheapest[:per_tier]]
+        cheapest = _by_traced_flops(_with_cheapest_fit(within, per_tier, budget), traced_flops, ceiling_flops)
+    tiers = [cheapest]
     if ceiling_flops is None:
         lowest = sorted(sims, key=lambda t: (t[1].peak_bytes, *key(t)))
         tiers.append([t for t in lowest if t not in tiers[0]][:per_tier])
     return tiers
+
+
+def _with_cheapest_fit(tier: Tier, per_tier: int, budget: int) -> Tier:
+    """The first ``per_tier`` of ``tier``, and after them the first the model puts
+    at or under ``budget``, if it is not among them: schedules the slack lets in
+    (predicted over the budget) never crowd out the cheapest one predicted to fit."""
+    head = tier[:per_tier]
+    fit = next((t for t in tier if t[1].peak_bytes <= budget), None)
+    return head if fit is None or fit in head else [*head, fit]
 
 
 def _by_traced_flops(tier: Tier, traced_flops: Callable[[Schedule], int], ceiling_flops: int | None) -> Tier:
