@@ -29,7 +29,7 @@ from ._cache import cache_directory, derivative_text, layout_of, options_of, pla
 from ._errors import InfeasibleBudgetError
 from ._forward import forward_mode
 from ._inputs import check_call
-from ._loop_planning import LoopSearch, body_plans, loop_plans
+from ._loop_planning import LoopCandidate, LoopSearch, body_plans, loop_plans
 from ._lowest import lowest_kept, recall, remember
 from ._mesh import measurer, per_device_error, sharded_twin, with_collectives
 from ._plan import Plan, annotate
@@ -177,20 +177,8 @@ class OptimizedFunction:
                 argnums: tuple[int, ...], nums: Any, measure: Callable[[Callable[..., Any]], int],
                 compiled: Any, lowest_key: str) -> tuple[Plan, Callable[..., Any]]:
         """The plan that fits with the fewest recomputed FLOPs, of all strategies measured."""
-
         baseline_flops = gradient_flops(self.fn, args, kwargs, nums, self.cost_model, self.has_aux)
-        # fn's own: the program read for the facts, re-evaluated equation by equation, can peak elsewhere.
-        plain_peak = measure(self.fn)
-        logger.info("%s: %d equations, plain peak %s on XLA, budget %s", getattr(self.fn, "__name__", "fn"),
-                    len(traced.jaxpr.jaxpr.eqns), format_bytes(plain_peak), format_bytes(self.budget_bytes))
-        # The model is calibrated on the flat program as written; with scans
-        # unrolled, that is another program than fn (no loop, fused across
-        # iterations), and usually a lower peak.
-        flat_peak = plain_peak
-        if traced.unrolled_scans:  # the flat program as written, which ``compiled`` is when read
-            flat_peak = compiled.peak_bytes if compiled else measure(self._program(graph, Schedule(plain=True)))
-        graph = calibrate(graph, flat_peak)
-        whole_graph = graph if traced is whole else calibrate(model_graph(whole, self.cost_model), plain_peak)
+        graph, whole_graph, plain_peak = self._calibrated(traced, whole, graph, compiled, measure)
         budget = self.budget_bytes
         if budget >= plain_peak:  # fn runs as written, loops and all: model that program
             sim = simulate(whole_graph, Schedule(plain=True))
@@ -205,19 +193,8 @@ class OptimizedFunction:
         if free and free[-1].measured <= budget:
             return self._policy_plan(whole_graph, free[-1], plain_peak, baseline_flops, 0.0)
 
-        def make_plan(graph, sim, measured, flops, status, gap, seconds, attempts):
-            return self._plan(graph, sim, Schedule(plain=True), measured, plain_peak, flops, baseline_flops,
-                              status, gap, seconds, attempts)
-
-        search = LoopSearch(self.fn, whole, args, kwargs, argnums, nums, self.cost_model, self.has_aux,
-                            whole_graph.plain_storage_scale, baseline_flops, budget, measure, make_plan)
-        # CP-SAT's body plans first: a built-in loop plan is measured only if it recomputes less.
-        bodies = body_plans(search, self.solver_options, self.max_attempts)
-        body_ceiling = min((c.flops for c in bodies if c.measured <= budget), default=None)
-        nothing_flops = bodies[0].flops if bodies else 0  # the loop saving nothing in the body comes first
-        loops = [*bodies, *loop_plans(search, body_ceiling, nested_floor=nothing_flops)]
-        cheapest = min((c for c in loops if c.measured <= budget), key=lambda c: c.flops, default=None)
-        best_loop = None if cheapest is None else (search.plan(cheapest), cheapest.program)
+        loops, best_loop, loop_seconds = self._loop_stage(whole, whole_graph, args, kwargs, argnums, nums, measure,
+                                                          baseline_flops, plain_peak)
         # Only a schedule cheaper than what already fits is worth measuring: than the
         # best loop plan (a schedule as cheap wins the tie), then than CP-SAT's.
         loop_ceiling = best_loop[0].measured_recompute_flops + 1 if best_loop is not None else None
@@ -238,7 +215,7 @@ class OptimizedFunction:
         ceiling = None if best is None else best[0].measured_recompute_flops
         tried = [*free, *measured_policies(policies, budget, measure, below_flops=ceiling, above_flops=0,
                                            admit=lambda p: within_reach(whole_graph, p, budget, self.MODEL_SLACK))]
-        seconds = clock.seconds + sum(c.seconds for c in bodies)  # every solve of this call, whichever wins
+        seconds = clock.seconds + loop_seconds  # every solve of this call, whichever wins
         if tried and tried[-1].measured <= budget:
             return self._policy_plan(whole_graph, tried[-1], plain_peak, baseline_flops, seconds)
         if best is not None:
@@ -248,7 +225,48 @@ class OptimizedFunction:
             return known
         raise self._nothing_fits(lowest_key, budget, infeasible, loops, tried, lowest_other)
 
-    def _nothing_fits(self, lowest_key: str, budget: int, infeasible: InfeasibleBudgetError, loops: list,
+    def _calibrated(self, traced: TracedProgram, whole: TracedProgram, graph: ProgramGraph, compiled: Any,
+                    measure: Callable[[Callable[..., Any]], int]) -> tuple[ProgramGraph, ProgramGraph, int]:
+        """The planned graph and the graph of ``fn`` as written (loops whole), each
+        calibrated on XLA's peak for its program as written; and fn's own peak."""
+        # fn's own: the program read for the facts, re-evaluated equation by equation, can peak elsewhere.
+        plain_peak = measure(self.fn)
+        logger.info("%s: %d equations, plain peak %s on XLA, budget %s", getattr(self.fn, "__name__", "fn"),
+                    len(traced.jaxpr.jaxpr.eqns), format_bytes(plain_peak), format_bytes(self.budget_bytes))
+        # The model is calibrated on the flat program as written; with scans
+        # unrolled, that is another program than fn (no loop, fused across
+        # iterations), and usually a lower peak.
+        flat_peak = plain_peak
+        if traced.unrolled_scans:  # the flat program as written, which ``compiled`` is when read
+            flat_peak = compiled.peak_bytes if compiled else measure(self._program(graph, Schedule(plain=True)))
+        graph = calibrate(graph, flat_peak)
+        whole_graph = graph if traced is whole else calibrate(model_graph(whole, self.cost_model), plain_peak)
+        return graph, whole_graph, plain_peak
+
+    def _loop_stage(self, whole: TracedProgram, whole_graph: ProgramGraph, args: tuple, kwargs: dict,
+                    argnums: tuple[int, ...], nums: Any, measure: Callable[[Callable[..., Any]], int],
+                    baseline_flops: int, plain_peak: int
+                    ) -> tuple[list[LoopCandidate], tuple[Plan, Callable[..., Any]] | None, float]:
+        """The loop plans of fn's scans kept as loops (:mod:`remat_opt._loop_planning`), each
+        measured or counted; the cheapest that XLA fits, as a plan, if any; and CP-SAT's seconds."""
+
+        def make_plan(graph, sim, measured, flops, status, gap, seconds, attempts):
+            return self._plan(graph, sim, Schedule(plain=True), measured, plain_peak, flops, baseline_flops,
+                              status, gap, seconds, attempts)
+
+        budget = self.budget_bytes
+        search = LoopSearch(self.fn, whole, args, kwargs, argnums, nums, self.cost_model, self.has_aux,
+                            whole_graph.plain_storage_scale, baseline_flops, budget, measure, make_plan)
+        # CP-SAT's body plans first: a built-in loop plan is measured only if it recomputes less.
+        bodies = body_plans(search, self.solver_options, self.max_attempts)
+        body_ceiling = min((c.flops for c in bodies if c.measured <= budget), default=None)
+        nothing_flops = bodies[0].flops if bodies else 0  # the loop saving nothing in the body comes first
+        loops = [*bodies, *loop_plans(search, body_ceiling, nested_floor=nothing_flops)]
+        cheapest = min((c for c in loops if c.measured <= budget), key=lambda c: c.flops, default=None)
+        best_loop = None if cheapest is None else (search.plan(cheapest), cheapest.program)
+        return loops, best_loop, sum(c.seconds for c in bodies)
+
+    def _nothing_fits(self, lowest_key: str, budget: int, infeasible: InfeasibleBudgetError, loops: list[LoopCandidate],
                       tried: list, lowest_other: tuple[Plan, Callable[..., Any]] | None) -> InfeasibleBudgetError:
         """The error when nothing fits: it names the lowest peak XLA measured for any plan
         (loop plans, whole-function policies, outside schedules, CP-SAT's lowest-memory
