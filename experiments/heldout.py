@@ -38,8 +38,11 @@ cached executable is the one compiled, and its ``memory_analysis`` reads the
 same.
 
 Usage:
-    python experiments/heldout.py [--programs random0,convnet] [--quick | --schedules-only] [--no-scratch]
-                                      [--out DIR] [--label TEXT]
+    python experiments/heldout.py [--set heldout|fresh] [--programs random0,convnet]
+                                  [--quick | --schedules-only] [--no-scratch] [--out DIR] [--label TEXT]
+
+``--set fresh`` runs the same measurements on ``fresh_programs.PROGRAMS``
+(written to ``<out>/fresh.csv``), a second evaluation set.
 """
 
 from __future__ import annotations
@@ -64,6 +67,9 @@ import remat_opt
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, MiB, command, stamp, write_csv  # noqa: E402
 from heldout_programs import PROGRAMS, Program  # noqa: E402
+import fresh_programs  # noqa: E402
+
+SETS = {"heldout": PROGRAMS, "fresh": fresh_programs.PROGRAMS}
 
 FRACTIONS = (0.8, 0.6, 0.4)
 QUICK_FRACTIONS = (0.6,)
@@ -148,11 +154,12 @@ def describe(row: dict) -> str:
             f"+{row['recompute_fraction']:.1%} FLOPs{fits}, {row['seconds']:.0f} s")
 
 
-def run_program(name: str, fractions: tuple[float, ...], options: remat_opt.SolverOptions, label: str) -> list[dict]:
+def run_program(name: str, fractions: tuple[float, ...], options: remat_opt.SolverOptions, label: str,
+                programs: dict[str, Callable[[], Program]] = PROGRAMS) -> list[dict]:
     start = time.perf_counter()
     base = {"label": label, "program": name}
     try:
-        program = PROGRAMS[name]()
+        program = programs[name]()
     except Exception as err:  # noqa: BLE001 - a missing library, say: a row says so, the run goes on
         return [failed({**base, "kind": "plain", "strategy": "build"}, err)]
     print(f"{name}: {program.description}; built in {time.perf_counter() - start:.1f} s", flush=True)
@@ -263,8 +270,10 @@ def summary(rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--set", choices=SETS, default="heldout",
+                        help="the held-out programs, or the fresh ones (experiments/fresh_programs.py)")
     parser.add_argument("--programs", type=lambda s: [p for p in s.split(",") if p],
-                        help=f"comma-separated names, of: {', '.join(PROGRAMS)}")
+                        help=f"comma-separated names, of: {', '.join(PROGRAMS)} (or of the fresh set)")
     parser.add_argument("--quick", action="store_true",
                         help=f"budgets {QUICK_FRACTIONS} only; programs {','.join(QUICK_PROGRAMS)} unless --programs")
     parser.add_argument("--schedules-only", action="store_true",
@@ -277,14 +286,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.no_scratch:  # read nothing, before the plain program calibrates the model
         from remat_opt.memory import _facts
         _facts.scratch_per_unit = lambda graph, read: ()
-    names = args.programs or (list(QUICK_PROGRAMS) if args.quick else list(PROGRAMS))
-    unknown = [n for n in names if n not in PROGRAMS]
+    programs = SETS[args.set]
+    quick = QUICK_PROGRAMS if args.set == "heldout" else tuple(programs)[:3]
+    names = args.programs or (list(quick) if args.quick else list(programs))
+    unknown = [n for n in names if n not in programs]
     if unknown:
-        parser.error(f"unknown programs {unknown}; known: {', '.join(PROGRAMS)}")
+        parser.error(f"unknown programs {unknown}; known: {', '.join(programs)}")
     fractions = () if args.schedules_only else QUICK_FRACTIONS if args.quick else FRACTIONS
     header = f"{stamp()}\n{source()}\nreproduce: {command()}\nlabel: {args.label}; solver: {SOLVER}"
     print(header, flush=True)
-    path = args.out / ("heldout_quick.csv" if args.quick else "heldout.csv")
+    path = args.out / f"{args.set}{'_quick' if args.quick else ''}.csv"
     cache = None
     if not os.environ.get("JAX_COMPILATION_CACHE_DIR"):
         cache = tempfile.mkdtemp(prefix="heldout_xla_")
@@ -293,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     rows: list[dict] = []
     for name in names:
-        rows += run_program(name, fractions, SOLVER, args.label)
+        rows += run_program(name, fractions, SOLVER, args.label, programs)
         write_csv(path, [{c: r.get(c) for c in COLUMNS} for r in rows], header)
     wall = time.perf_counter() - start
     if cache is not None:
