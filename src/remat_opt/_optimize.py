@@ -248,7 +248,8 @@ class OptimizedFunction:
                     baseline_flops: int, plain_peak: int
                     ) -> tuple[list[LoopCandidate], tuple[Plan, Callable[..., Any]] | None, float]:
         """The loop plans of fn's scans kept as loops (:mod:`remat_opt._loop_planning`), each
-        measured or counted; the cheapest that XLA fits, as a plan, if any; and CP-SAT's seconds."""
+        measured or counted; the cheapest that XLA fits, as a plan, if any; and the seconds CP-SAT
+        spent choosing the bodies' saved values."""
 
         def make_plan(graph, sim, measured, flops, status, gap, seconds, attempts):
             return self._plan(graph, sim, Schedule(plain=True), measured, plain_peak, flops, baseline_flops,
@@ -266,8 +267,9 @@ class OptimizedFunction:
         best_loop = None if cheapest is None else (search.plan(cheapest), cheapest.program)
         return loops, best_loop, sum(c.seconds for c in bodies)
 
-    def _nothing_fits(self, lowest_key: str, budget: int, infeasible: InfeasibleBudgetError, loops: list[LoopCandidate],
-                      tried: list, lowest_other: tuple[Plan, Callable[..., Any]] | None) -> InfeasibleBudgetError:
+    def _nothing_fits(self, lowest_key: str, budget: int, infeasible: InfeasibleBudgetError,
+                      loops: list[LoopCandidate], tried: list,
+                      lowest_other: tuple[Plan, Callable[..., Any]] | None) -> InfeasibleBudgetError:
         """The error when nothing fits: it names the lowest peak XLA measured for any plan
         (loop plans, whole-function policies, outside schedules, CP-SAT's lowest-memory
         schedules, and what earlier plans of this program measured), and the lowest
@@ -336,7 +338,8 @@ class OptimizedFunction:
         The model ranks them in tiers (:func:`remat_opt.solve._outside.outside_tiers`:
         within :attr:`MODEL_SLACK` of the budget, the cheapest first, counted on
         the traced gradient as the ceiling is; then, when
-        nothing else fits, the lowest), about :attr:`MEASURED_CANDIDATES` each;
+        nothing else fits, the lowest), at most :attr:`MEASURED_CANDIDATES` each (the first
+        one more where they are all predicted over the budget);
         XLA decides.
         """
         started = time.perf_counter()
