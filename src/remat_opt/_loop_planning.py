@@ -183,7 +183,7 @@ def loop_plans(search: LoopSearch, ceiling_flops: int | None = None, nested_floo
 def body_plans(search: LoopSearch, options: SolverOptions, max_attempts: int) -> list[LoopCandidate]:
     """The loop saving nothing in the body of the program's one planned scan,
     first, then the saved sets CP-SAT chose for it, each measured on XLA (see
-    the module's docstring). None for a program with no planned scan or
+    the module's docstring). Empty for a program with no planned scan or
     several (their bodies would share one budget)."""
     positions = planned_bodies(search.whole)
     if len(positions) != 1:
@@ -194,11 +194,12 @@ def body_plans(search: LoopSearch, options: SolverOptions, max_attempts: int) ->
     else:
         body = scan_body(search.whole, positions[0])
     graph = build_graph(body.program, search.cost_model)
-    flops, program = search.program(LoopPlan(None, saved=(), body=kind))
+    saving_nothing = LoopPlan(None, saved=(), body=kind)
+    flops, program = search.program(saving_nothing)
     floor = search.measure(program)
     # Not a solver's choice: reported as a built-in loop plan is.
     status, gap = ("FEASIBLE", 1.0) if flops > 0 else ("OPTIMAL", 0.0)
-    nothing = LoopCandidate(LoopPlan(None, saved=(), body=kind), program, flops, floor, status, gap, 0.0, 1)
+    nothing = LoopCandidate(saving_nothing, program, flops, floor, status, gap, 0.0, 1)
     logger.info("%s body: %d equations, %d iterations; saving nothing in it peaks at %s on XLA",
                 kind, len(graph.units), body.length, format_bytes(floor))
     return [nothing, *_saved_sets(search, graph, body, kind, floor, options, max_attempts)]
