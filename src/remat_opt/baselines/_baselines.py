@@ -39,9 +39,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from ..solve._chen import chen_greedy_candidates, chen_sqrt_n_schedule
+from ..solve._baseline_picks import MEASURE_TOP, greedy_picks, lowest_predicted
+from ..solve._chen import chen_sqrt_n_schedule
 from ..program._cost import CostModel
-from ..memory._simulate import simulate
 from ..solve._nesting import MAX_DEPTH, chain_steps, revolve_schedule, revolve_schedules
 from ..rewrite._apply import apply_schedule
 from .._plan import Plan
@@ -70,12 +70,9 @@ def _chen_sqrt_n(ref: Reference, num_segments: int | None) -> Plan:
 
 def _chen_greedy(ref: Reference, measure_top: int) -> Plan:
     start = time.perf_counter()
-    ranked = sorted(
-        ((simulate(ref.graph, s).peak_bytes, len(s.cuts), s) for _, s in chen_greedy_candidates(ref.graph)),
-        key=lambda t: t[:2],
-    )
+    ranked = greedy_picks(ref.graph, measure_top)
     seconds = time.perf_counter() - start
-    measured = [(ref.peak(apply_schedule(ref.fn, ref.graph, s)), n, s) for _, n, s in ranked[:measure_top]]
+    measured = [(ref.peak(apply_schedule(ref.fn, ref.graph, s)), len(s.cuts), s) for s in ranked]
     peak, _, best = min(measured, key=lambda t: (t[0], t[1]))
     return schedule_plan(ref, "chen_greedy", best, measured=peak, solve_seconds=seconds, attempts=len(measured))
 
@@ -89,9 +86,9 @@ def _revolve(ref: Reference, snapshots: int | None, measure_top: int) -> Plan:
     if not schedules:
         raise ValueError(f"snapshots={snapshots} cannot reverse this program's chain of "
                          f"{len(chain_steps(ref.graph)) - 1} steps within {MAX_DEPTH} levels; pass more snapshots.")
-    ranked = sorted(((simulate(ref.graph, s).peak_bytes, s) for s in schedules), key=lambda t: t[0])
+    ranked = lowest_predicted(ref.graph, schedules, measure_top)
     seconds = time.perf_counter() - start
-    measured = [(ref.peak(apply_schedule(ref.fn, ref.graph, s)), i, s) for i, (_, s) in enumerate(ranked[:measure_top])]
+    measured = [(ref.peak(apply_schedule(ref.fn, ref.graph, s)), i, s) for i, s in enumerate(ranked)]
     peak, _, best = min(measured, key=lambda t: t[:2])
     return schedule_plan(ref, "revolve", best, measured=peak, solve_seconds=seconds, attempts=len(measured))
 
@@ -330,7 +327,7 @@ def chen_greedy(
     fn: Callable[..., Any],
     *args: Any,
     budget_bytes: int | str,
-    measure_top: int = 3,
+    measure_top: int = MEASURE_TOP,
     argnums: int | Sequence[int] = 0,
     cost_model: CostModel | None = None,
     **kwargs: Any,
@@ -379,7 +376,7 @@ def revolve(
     *args: Any,
     budget_bytes: int | str,
     snapshots: int | None = None,
-    measure_top: int = 3,
+    measure_top: int = MEASURE_TOP,
     argnums: int | Sequence[int] = 0,
     cost_model: CostModel | None = None,
     **kwargs: Any,
@@ -443,7 +440,7 @@ def all_baselines(
     *,
     policies: Sequence[str] = tuple(POLICIES),
     cost_model: CostModel | None = None,
-    measure_top: int = 3,
+    measure_top: int = MEASURE_TOP,
 ) -> tuple[Plan, ...]:
     """Every baseline for one model: ``loss(params, batch)``, differentiated in ``params``.
 

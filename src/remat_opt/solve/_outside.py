@@ -16,6 +16,7 @@ from collections.abc import Callable
 from .._schedule import Schedule, Simulation
 from ..memory._simulate import simulate
 from ..program._graph import ProgramGraph
+from ._baseline_picks import baseline_picks
 from ._chen import chen_schedules
 from ._nesting import nested_candidates
 from ._policy_saves import policy_schedules
@@ -37,10 +38,14 @@ def outside_tiers(graph: ProgramGraph, budget: int, ceiling_flops: int | None, s
     decides against the ceiling and the order: the model prices recomputation
     by the units it reruns, while JAX's partial evaluation of a checkpointed
     segment can change the gradient's FLOPs either way. Then,
-    when nothing fits yet (no ceiling), those the model puts lowest. At most
-    ``per_tier`` each, and in the first one more where the ``per_tier``
-    cheapest are all predicted over the budget: the cheapest predicted under
-    it. Ties broken by cuts, so the order is deterministic.
+    when nothing fits yet (no ceiling), those the model puts lowest, and every
+    schedule the Chen and Revolve baselines measure
+    (:func:`remat_opt.solve._baseline_picks.baseline_picks`): where the model
+    under-predicts some schedules, it ranks them below one XLA fits, and a
+    budget a baseline fits is not to be refused. At most ``per_tier`` each
+    (the baselines' picks besides), and in the first one more where the
+    ``per_tier`` cheapest are all predicted over the budget: the cheapest
+    predicted under it. Ties broken by cuts, so the order is deterministic.
     Schedules the model runs alike (the same units recomputed, the same
     values stored, the same peak: Chen's segmentation, and the same
     with dots saved only where the last segment keeps them anyway) are
@@ -69,8 +74,10 @@ def outside_tiers(graph: ProgramGraph, budget: int, ceiling_flops: int | None, s
         cheapest = _by_traced_flops(_with_cheapest_fit(within, per_tier, budget), traced_flops, ceiling_flops)
     tiers = [cheapest]
     if ceiling_flops is None:
-        lowest = sorted(sims, key=lambda t: (t[1].peak_bytes, *key(t)))
-        tiers.append([t for t in lowest if t not in tiers[0]][:per_tier])
+        lowest = [t for t in sorted(sims, key=lambda t: (t[1].peak_bytes, *key(t))) if t not in cheapest][:per_tier]
+        # And what the baselines measure: a budget one of them fits is never refused.
+        seen = {s for s, _ in (*cheapest, *lowest)}
+        tiers.append([*lowest, *((s, simulate(graph, s)) for s in baseline_picks(graph) if s not in seen)])
     return tiers
 
 
