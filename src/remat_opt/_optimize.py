@@ -33,7 +33,8 @@ from ._loop_planning import LoopCandidate, LoopSearch, body_plans, loop_plans
 from ._lowest import lowest_kept, recall, remember
 from ._mesh import measurer, per_device_error, sharded_twin, with_collectives
 from ._plan import Plan, annotate
-from ._policy_planning import PolicyCandidate, counted_policies, measured_policies, within_reach
+from ._policy_planning import (PolicyCandidate, counted_policies, measured_policies, unmeasured_policies,
+                               within_reach)
 from ._restore import cached_plan
 from ._schedule import Schedule, Simulation
 from ._steering import Steering, steered_plan
@@ -223,6 +224,9 @@ class OptimizedFunction:
         known = self._recalled(lowest_key, graph, budget, measure, args, kwargs, nums, baseline_flops, plain_peak)
         if known is not None:
             return known
+        tried += unmeasured_policies(policies, tried, budget, measure)
+        if tried and tried[-1].measured <= budget:
+            return self._policy_plan(whole_graph, tried[-1], plain_peak, baseline_flops, seconds)
         raise self._nothing_fits(lowest_key, budget, infeasible, loops, tried, lowest_other)
 
     def _calibrated(self, traced: TracedProgram, whole: TracedProgram, graph: ProgramGraph, compiled: Any,

@@ -15,7 +15,9 @@ policy is measured only when the model puts its nearest schedule
 (:func:`nearest_schedule`) within reach of the budget, as the planner's other
 outside candidates are; around the whole function the backward recomputes
 every value it does not save before it transposes any, so these usually peak
-near the program as written.
+near the program as written. Before a budget is refused, the policies the model put out
+of reach are measured too (:func:`unmeasured_policies`): each is a baseline, so the
+error's minimum is no higher than any of them.
 """
 
 from __future__ import annotations
@@ -116,3 +118,13 @@ def measured_policies(counted: list[PolicyCandidate], budget: int, measure: Call
         if peak <= budget:
             break
     return measured
+
+
+def unmeasured_policies(counted: list[PolicyCandidate], measured: list[PolicyCandidate], budget: int,
+                        measure: Callable[[Callable[..., Any]], int]) -> list[PolicyCandidate]:
+    """Before a budget is refused: the policies of ``counted`` not in ``measured`` (the model
+    put them out of reach), measured as :func:`measured_policies` does. The model can be
+    wrong about them, and each is a baseline: a budget one fits is not to be refused, and
+    the error names a minimum no higher than any of their peaks."""
+    done = {c.policy for c in measured}
+    return measured_policies([c for c in counted if c.policy not in done], budget, measure)
