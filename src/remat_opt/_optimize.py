@@ -324,8 +324,8 @@ class OptimizedFunction:
 
     MEASURED_CANDIDATES = 3
     """Schedules outside CP-SAT's search measured on XLA, at most, per tier and plan; in the
-    first tier one more, the cheapest the model fits, when these are all predicted over; in
-    the last, also what the Chen and Revolve baselines measure."""
+    first tier one more, the cheapest the model fits, when these are all predicted over; and
+    in every tier, what the Chen and Revolve baselines measure."""
 
     MODEL_SLACK = 0.15
     """How far over the budget the model may predict a schedule that is still worth
@@ -343,9 +343,9 @@ class OptimizedFunction:
         The model ranks them in tiers (:func:`remat_opt.solve._outside.outside_tiers`:
         within :attr:`MODEL_SLACK` of the budget, the cheapest first, counted on
         the traced gradient as the ceiling is; then, when
-        nothing else fits, the lowest, and what the Chen and Revolve baselines measure), at
-        most :attr:`MEASURED_CANDIDATES` each (the first one more where they are all predicted
-        over the budget; the last, the baselines' picks besides); XLA decides.
+        nothing else fits, the lowest), at most :attr:`MEASURED_CANDIDATES` each (the first
+        one more where they are all predicted over the budget), and besides them what the
+        Chen and Revolve baselines measure, wherever the model puts it; XLA decides.
         """
         started = time.perf_counter()
         # Each schedule's program built once: its gradient's trace (kept with the function,

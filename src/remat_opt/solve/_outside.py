@@ -37,7 +37,10 @@ def outside_tiers(graph: ProgramGraph, budget: int, ceiling_flops: int | None, s
     puts cheapest are counted that way, and that count
     decides against the ceiling and the order: the model prices recomputation
     by the units it reruns, while JAX's partial evaluation of a checkpointed
-    segment can change the gradient's FLOPs either way. Then,
+    segment can change the gradient's FLOPs either way. Counted that way, the
+    schedules the Chen and Revolve baselines measure join them wherever the
+    model puts them: measured cheapest first up to the first that fits, no
+    baseline that fits recomputes less than the plan. Then,
     when nothing fits yet (no ceiling), those the model puts lowest, and every
     schedule the Chen and Revolve baselines measure
     (:func:`remat_opt.solve._baseline_picks.baseline_picks`): where the model
@@ -70,8 +73,10 @@ def outside_tiers(graph: ProgramGraph, budget: int, ceiling_flops: int | None, s
     if traced_flops is None:
         below = [t for t in within if ceiling_flops is None or t[1].recompute_flops < ceiling_flops]
         cheapest = _with_cheapest_fit(below, per_tier, budget)
-    else:
-        cheapest = _by_traced_flops(_with_cheapest_fit(within, per_tier, budget), traced_flops, ceiling_flops)
+    else:  # with the baselines' picks, whatever the model says of them: no baseline that fits is cheaper
+        head = _with_cheapest_fit(within, per_tier, budget)
+        picks = [(s, simulate(graph, s)) for s in baseline_picks(graph) if s not in {h for h, _ in head}]
+        cheapest = _by_traced_flops([*head, *picks], traced_flops, ceiling_flops)
     tiers = [cheapest]
     if ceiling_flops is None:
         lowest = [t for t in sorted(sims, key=lambda t: (t[1].peak_bytes, *key(t))) if t not in cheapest][:per_tier]
