@@ -24,8 +24,11 @@ Sizes were set from the plain peak only (about 2 to 60 MiB). One change was
 made on what the first run showed, and the program that showed it is named:
 the per-example Cholesky program (``chol``) at 0.8 recomputed more than
 Chen's greedy segmentation, which fits (a search fix in
-``remat_opt.solve._outside``, not a memory-model rule). The model was not
-tuned on any of them.
+``remat_opt.solve._outside``, not a memory-model rule). Later (session 32),
+a memory-model rule was changed on what the ``associative_scan`` program
+(``assoc``) showed: a value crossing cuts that its own segment's
+recomputation reads stays stored (``remat_opt.memory._simulate``). The model
+was not tuned on the others.
 """
 
 from __future__ import annotations

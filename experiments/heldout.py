@@ -38,11 +38,13 @@ cached executable is the one compiled, and its ``memory_analysis`` reads the
 same.
 
 Usage:
-    python experiments/heldout.py [--set heldout|fresh] [--programs random0,convnet]
+    python experiments/heldout.py [--set heldout|fresh|probe] [--programs random0,convnet]
                                   [--quick | --schedules-only] [--no-scratch] [--out DIR] [--label TEXT]
 
 ``--set fresh`` runs the same measurements on ``fresh_programs.PROGRAMS``
-(written to ``<out>/fresh.csv``), a second evaluation set.
+(written to ``<out>/fresh.csv``), a second evaluation set; ``--set probe`` on
+``probe_programs.PROGRAMS`` (``<out>/probe.csv``), the programs written to
+look for planner bugs.
 """
 
 from __future__ import annotations
@@ -68,8 +70,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, MiB, command, stamp, write_csv  # noqa: E402
 from heldout_programs import PROGRAMS, Program  # noqa: E402
 import fresh_programs  # noqa: E402
+import probe_programs  # noqa: E402
 
-SETS = {"heldout": PROGRAMS, "fresh": fresh_programs.PROGRAMS}
+SETS = {"heldout": PROGRAMS, "fresh": fresh_programs.PROGRAMS, "probe": probe_programs.PROGRAMS}
 
 FRACTIONS = (0.8, 0.6, 0.4)
 QUICK_FRACTIONS = (0.6,)
