@@ -182,10 +182,13 @@ def _read_copies(
     backward reruns its forward, which reads them (the zoo MLP's Revolve
     trees, -0.1% -> -3.8% with the rule).
 
-    Its own segment counts as a reader too: the rewriter saves every segment
-    output by name, so where that segment's recomputation reads the value
-    (a sine's cosine, from its input), JAX keeps it from the forward to that
-    segment's backward, live through every later one. Measured (jax 0.10.2,
+    Nor where its own segment's recomputation reads it: the rewriter saves
+    every segment output by name, so where that segment's recomputation reads
+    the value (a sine's cosine, from its input), JAX keeps it from the forward
+    to that segment's backward. It is counted from its first reader outside
+    its segment on, as CP-SAT's encoding counts every value crossing a cut
+    (the segments between, where XLA holds it too, are left out so that the
+    prediction stays at or under the planning model's). Measured (jax 0.10.2,
     XLA:CPU): a value read in its own segment and, past two cuts, only by an
     add (``tests/test_stored.py``), -6.7% -> 0.0%; Chen's sqrt(n) segmentation
     of the fresh set's ``associative_scan`` program, whose up-sweep values the
@@ -200,10 +203,10 @@ def _read_copies(
     for v, level, first, last in copies:
         b = graph.buffer[v]
         if level == 0 and first > node_seg[v] and b >= 0 and b not in residual_buffers:
-            reading = [j for j in readers.get(b, ()) if first <= j <= last or j == node_seg[v]]
-            if not reading:
+            reading = [j for j in readers.get(b, ()) if first <= j <= last]
+            if not reading and node_seg[v] not in readers.get(b, ()):
                 continue
-            first = min(reading)
+            first = min(reading, default=first)
         out.append((v, level, first, last))
     return out
 
