@@ -182,17 +182,14 @@ def _read_copies(
     backward reruns its forward, which reads them (the zoo MLP's Revolve
     trees, -0.1% -> -3.8% with the rule).
 
-    Nor where its own segment's recomputation reads it: the rewriter saves
-    every segment output by name, so where that segment's recomputation reads
-    the value (a sine's cosine, from its input), JAX keeps it from the forward
-    to that segment's backward. It is counted from its first reader outside
-    its segment on, as CP-SAT's encoding counts every value crossing a cut
-    (the segments between, where XLA holds it too, are left out so that the
-    prediction stays at or under the planning model's). Measured (jax 0.10.2,
-    XLA:CPU): a value read in its own segment and, past two cuts, only by an
-    add (``tests/test_stored.py``), -6.7% -> 0.0%; Chen's sqrt(n) segmentation
-    of the fresh set's ``associative_scan`` program, whose up-sweep values the
-    down-sweep reads this way, -41.5% -> -15.5%.
+    Nor where its own segment's recomputation reads it (a sine's cosine, from
+    its input): a segment output is saved by name, and JAX keeps it to that
+    segment's backward. Counted from its first reader outside its segment, as
+    CP-SAT's encoding counts a crossing value (XLA holds it in the segments
+    between too; left out, the prediction stays at or under the planning
+    model's). Measured (jax 0.10.2, XLA:CPU): a value read in its segment and,
+    past two cuts, only by an add (``tests/test_stored.py``), -6.7% -> 0.0%;
+    Chen's segmentation of the fresh ``associative_scan``, -41.5% -> -23.2%.
     """
     residual_buffers = {graph.buffer[v] for v in range(graph.num_nodes) if read_by_backward(graph, v)}
     readers: dict[int, set[int]] = {}  # buffer -> segments whose recomputation reads it
