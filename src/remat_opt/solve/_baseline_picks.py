@@ -1,9 +1,10 @@
 """The schedules Chen's and Revolve's baselines measure, defined once.
 
 A baseline that ranks candidates by the model measures the few it puts
-lowest and keeps the lowest XLA measures. The planner promises never to refuse
-a budget that one of those fits, so before it refuses it measures the same
-schedules (:func:`remat_opt.solve._outside.outside_tiers`); the baselines
+lowest and keeps the lowest XLA measures. The planner promises that no baseline
+that fits recomputes less than its plan, and never to refuse a budget one fits,
+so it measures the same schedules wherever the model puts them
+(:func:`remat_opt.solve._outside.outside_tiers`); the baselines
 (:mod:`remat_opt.baselines._baselines`) pick theirs here too, so the two cannot drift.
 """
 
