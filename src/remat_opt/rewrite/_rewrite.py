@@ -148,9 +148,16 @@ def fenced_checkpoint(
 
     def bwd(res: Any, cotangents: Any) -> Any:
         vjp_fn, out_probe, marks = res
+
+        def transpose(cts: Any) -> Any:
+            # A function, not vjp_fn itself: lax.cond names its branches by str(branch)
+            # when it has no code object, and vjp_fn's str prints its whole jaxpr, three
+            # times per fence (a quarter of tracing a rewritten program).
+            return vjp_fn(cts)
+
         cotangents = _instantiated(cotangents)
         pred = _fence_predicate([*_first_elements(cotangents), *out_probe])
-        cts = vjp_fn(cotangents) if pred is None else lax.cond(pred, vjp_fn, vjp_fn, cotangents)
+        cts = vjp_fn(cotangents) if pred is None else lax.cond(pred, transpose, transpose, cotangents)
         it = iter(cts)
         return tuple(next(it) if m is not None else None for m in marks)
 
