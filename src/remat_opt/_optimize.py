@@ -26,6 +26,7 @@ import jax
 
 from ._budget import format_bytes
 from ._cache import cache_directory, derivative_text, layout_of, options_of, plan_key, qualified_name
+from ._counted import counted_flops
 from ._errors import InfeasibleBudgetError
 from ._forward import forward_mode
 from ._inputs import check_call
@@ -208,7 +209,7 @@ class OptimizedFunction:
         planned_flops = planned[0].measured_recompute_flops if planned is not None else None
         ceiling = min((c for c in (planned_flops, loop_ceiling) if c is not None), default=None)
         other, lowest_other = self._measured_schedules(graph, budget, ceiling, measure, args, kwargs, nums,
-                                                       baseline_flops, plain_peak)
+                                                       baseline_flops, plain_peak, lowest_key)
         # The fewest recomputed FLOPs wins; on a tie, CP-SAT's schedule, then the others,
         # then a whole-function policy (measured only when it recomputes less).
         choices = [p for p in (planned, other, best_loop) if p is not None]
@@ -334,8 +335,8 @@ class OptimizedFunction:
 
     def _measured_schedules(self, graph: ProgramGraph, budget: int, ceiling_flops: int | None,
                             measure: Callable[[Callable[..., Any]], int], args: tuple, kwargs: dict, nums: Any,
-                            baseline_flops: int, plain_peak: int) -> tuple[tuple[Plan, Callable[..., Any]] | None,
-                                                                            tuple[Plan, Callable[..., Any]] | None]:
+                            baseline_flops: int, plain_peak: int, key: str
+                            ) -> tuple[tuple[Plan, Callable[..., Any]] | None, tuple[Plan, Callable[..., Any]] | None]:
         """The cheapest schedule outside CP-SAT's search that XLA fits in ``budget``
         with fewer recomputed FLOPs than ``ceiling_flops``, if any; and the
         lowest-memory one XLA measured, for the error when nothing fits.
@@ -346,13 +347,15 @@ class OptimizedFunction:
         nothing else fits, the lowest), at most :attr:`MEASURED_CANDIDATES` each (the first
         one more where they are all predicted over the budget), and besides them what the
         Chen and Revolve baselines measure, wherever the model puts it; XLA decides.
+        Their FLOP counts are kept under ``key``, the program's at any budget
+        (:mod:`remat_opt._counted`): a sweep of budgets counts each schedule once.
         """
         started = time.perf_counter()
         # Each schedule's program built once: its gradient's trace (kept with the function,
         # traced_step) serves its FLOP count and its compile.
         program_of = functools.cache(lambda schedule: self._program(graph, schedule))
-        traced_flops = functools.cache(lambda schedule: gradient_flops(  # as _finish counts a measured plan's
-            program_of(schedule), args, kwargs, nums, self.cost_model, self.has_aux) - baseline_flops)
+        traced_flops = functools.cache(lambda schedule: counted_flops(key, schedule, lambda: gradient_flops(
+            program_of(schedule), args, kwargs, nums, self.cost_model, self.has_aux)) - baseline_flops)
         tiers = outside_tiers(graph, budget, ceiling_flops, self.MODEL_SLACK, self.MEASURED_CANDIDATES, traced_flops)
         seconds = time.perf_counter() - started
         measured_plans = []

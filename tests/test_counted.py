@@ -1,0 +1,61 @@
+"""A schedule's FLOPs are counted once per program, for every budget a process plans (_counted)."""
+
+import jax.numpy as jnp
+import pytest
+
+import remat_opt
+from remat_opt import _counted, _optimize
+
+
+def mlp(params, x):
+    for w in params:
+        x = jnp.tanh(x @ w)
+    return jnp.sum(x ** 2)
+
+
+@pytest.fixture
+def traced(monkeypatch):
+    """The rewritten programs whose gradient FLOPs the planner counts, from a clean slate of counts."""
+    programs = []
+    count = _optimize.gradient_flops
+
+    def counting(fn, *args, **kwargs):
+        if fn is not mlp:
+            programs.append(fn)
+        return count(fn, *args, **kwargs)
+
+    _counted.forget()
+    monkeypatch.setattr(_optimize, "gradient_flops", counting)
+    yield programs
+    _counted.forget()
+
+
+def plan_at(fraction, params, x):
+    budget = int(remat_opt.peak_bytes(mlp, params, x) * fraction)
+    return remat_opt.optimize(mlp, budget, cache=False).plan(params, x)
+
+
+def test_a_sweep_counts_each_schedule_once_with_the_same_plans(traced):
+    params = [jnp.full((64, 64), 0.01 * (i + 1)) for i in range(8)]
+    x = jnp.ones((1024, 64))
+    first = plan_at(0.8, params, x)
+    counted = len(traced)
+    assert counted > 0
+    again = plan_at(0.8, params, x)
+    # Only the plan's own program is counted again (its FLOPs are read where it is measured).
+    assert len(traced) - counted < counted
+    _counted.forget()
+    before = len(traced)
+    fresh = plan_at(0.8, params, x)
+    assert len(traced) - before == counted  # nothing else saved the traces
+    for plan in (again, fresh):
+        assert (plan.schedule, plan.measured_peak_bytes, plan.measured_recompute_flops) == (
+            first.schedule, first.measured_peak_bytes, first.measured_recompute_flops)
+
+
+def test_another_program_is_counted_afresh(traced):
+    params = [jnp.full((64, 64), 0.01 * (i + 1)) for i in range(8)]
+    plan_at(0.8, params, jnp.ones((1024, 64)))
+    counted = len(traced)
+    plan_at(0.8, params, jnp.ones((512, 64)))  # another batch: another program, another key
+    assert len(traced) - counted >= counted - 1
