@@ -59,3 +59,23 @@ def test_another_program_is_counted_afresh(traced):
     counted = len(traced)
     plan_at(0.8, params, jnp.ones((512, 64)))  # another batch: another program, another key
     assert len(traced) - counted >= counted - 1
+
+
+class Priced:
+    """A cost model that is not a dataclass: the program's key names only its type."""
+
+    def __init__(self, scale):
+        self.scale = scale
+
+    def eqn_flops(self, eqn):
+        return self.scale * sum(getattr(v.aval, "size", 1) for v in eqn.outvars)
+
+
+def test_a_cost_model_the_key_cannot_name_is_counted_every_time(traced):
+    params = [jnp.full((64, 64), 0.01 * (i + 1)) for i in range(8)]
+    x = jnp.ones((1024, 64))
+    budget = int(remat_opt.peak_bytes(mlp, params, x) * 0.8)
+    remat_opt.optimize(mlp, budget, cache=False, cost_model=Priced(1)).plan(params, x)
+    counted = len(traced)
+    remat_opt.optimize(mlp, budget, cache=False, cost_model=Priced(2)).plan(params, x)
+    assert len(traced) - counted == counted

@@ -27,9 +27,12 @@ KEPT = 4096
 _counts: OrderedDict[tuple[str, Schedule], int] = OrderedDict()
 
 
-def counted_flops(key: str, schedule: Schedule, count: Callable[[], int]) -> int:
+def counted_flops(key: str | None, schedule: Schedule, count: Callable[[], int]) -> int:
     """``count()``, the gradient step's FLOPs under ``schedule`` of the program
-    of ``key``, run only the first time this process asks; afterwards, the count kept."""
+    of ``key``, run only the first time this process asks; afterwards, the count kept.
+    With no ``key`` (a cost model the key cannot name), counted every time."""
+    if key is None:
+        return count()
     entry = (key, schedule)
     if entry in _counts:
         _counts.move_to_end(entry)

@@ -354,7 +354,9 @@ class OptimizedFunction:
         # Each schedule's program built once: its gradient's trace (kept with the function,
         # traced_step) serves its FLOP count and its compile.
         program_of = functools.cache(lambda schedule: self._program(graph, schedule))
-        traced_flops = functools.cache(lambda schedule: counted_flops(key, schedule, lambda: gradient_flops(
+        # The key names a dataclass cost model by its fields, another only by its type.
+        kept = key if self.cost_model is None or dataclasses.is_dataclass(self.cost_model) else None
+        traced_flops = functools.cache(lambda schedule: counted_flops(kept, schedule, lambda: gradient_flops(
             program_of(schedule), args, kwargs, nums, self.cost_model, self.has_aux)) - baseline_flops)
         tiers = outside_tiers(graph, budget, ceiling_flops, self.MODEL_SLACK, self.MEASURED_CANDIDATES, traced_flops)
         seconds = time.perf_counter() - started
