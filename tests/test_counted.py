@@ -4,7 +4,8 @@ import jax.numpy as jnp
 import pytest
 
 import remat_opt
-from remat_opt import _counted, _optimize
+from remat_opt import _counted, _optimize, _policy_planning
+from remat_opt.rewrite._policies import POLICIES
 
 
 def mlp(params, x):
@@ -79,3 +80,19 @@ def test_a_cost_model_the_key_cannot_name_is_counted_every_time(traced):
     counted = len(traced)
     remat_opt.optimize(mlp, budget, cache=False, cost_model=Priced(2)).plan(params, x)
     assert len(traced) - counted == counted
+
+
+def test_the_whole_function_policies_are_counted_once(monkeypatch):
+    counted = []
+    count = _policy_planning.gradient_flops
+    monkeypatch.setattr(_policy_planning, "gradient_flops", lambda *a, **k: counted.append(1) or count(*a, **k))
+    _counted.forget()
+    params = [jnp.full((64, 64), 0.01 * (i + 1)) for i in range(8)]
+    x = jnp.ones((1024, 64))
+    first = plan_at(0.8, params, x)
+    assert len(counted) == len(POLICIES)
+    again = plan_at(0.7, params, x)  # another budget, the same program
+    assert len(counted) == len(POLICIES)
+    assert first.measured_peak_bytes <= int(remat_opt.peak_bytes(mlp, params, x) * 0.8)
+    assert again.measured_peak_bytes <= int(remat_opt.peak_bytes(mlp, params, x) * 0.7)
+    _counted.forget()

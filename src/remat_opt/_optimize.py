@@ -188,9 +188,13 @@ class OptimizedFunction:
                               "PLAIN", 0.0, 0.0, 0)
             return plan, self.fn
 
+        # FLOP counts are kept under the program's key (remat_opt._counted), where it names the cost
+        # model: a dataclass by its fields, another only by its type.
+        count_key = lowest_key if self.cost_model is None or dataclasses.is_dataclass(self.cost_model) else None
         # jax.checkpoint around fn with a built-in policy that recomputes nothing:
         # when XLA fits it (it can keep less than fn as written), nothing beats it.
-        policies = counted_policies(self.fn, args, kwargs, nums, self.cost_model, self.has_aux, baseline_flops)
+        policies = counted_policies(self.fn, args, kwargs, nums, self.cost_model, self.has_aux, baseline_flops,
+                                    count_key)
         free = measured_policies(policies, budget, measure, below_flops=1)
         if free and free[-1].measured <= budget:
             return self._policy_plan(whole_graph, free[-1], plain_peak, baseline_flops, 0.0)
@@ -209,7 +213,7 @@ class OptimizedFunction:
         planned_flops = planned[0].measured_recompute_flops if planned is not None else None
         ceiling = min((c for c in (planned_flops, loop_ceiling) if c is not None), default=None)
         other, lowest_other = self._measured_schedules(graph, budget, ceiling, measure, args, kwargs, nums,
-                                                       baseline_flops, plain_peak, lowest_key)
+                                                       baseline_flops, plain_peak, count_key)
         # The fewest recomputed FLOPs wins; on a tie, CP-SAT's schedule, then the others,
         # then a whole-function policy (measured only when it recomputes less).
         choices = [p for p in (planned, other, best_loop) if p is not None]
@@ -335,7 +339,7 @@ class OptimizedFunction:
 
     def _measured_schedules(self, graph: ProgramGraph, budget: int, ceiling_flops: int | None,
                             measure: Callable[[Callable[..., Any]], int], args: tuple, kwargs: dict, nums: Any,
-                            baseline_flops: int, plain_peak: int, key: str
+                            baseline_flops: int, plain_peak: int, count_key: str | None
                             ) -> tuple[tuple[Plan, Callable[..., Any]] | None, tuple[Plan, Callable[..., Any]] | None]:
         """The cheapest schedule outside CP-SAT's search that XLA fits in ``budget``
         with fewer recomputed FLOPs than ``ceiling_flops``, if any; and the
@@ -347,16 +351,14 @@ class OptimizedFunction:
         nothing else fits, the lowest), at most :attr:`MEASURED_CANDIDATES` each (the first
         one more where they are all predicted over the budget), and besides them what the
         Chen and Revolve baselines measure, wherever the model puts it; XLA decides.
-        Their FLOP counts are kept under ``key``, the program's at any budget
-        (:mod:`remat_opt._counted`): a sweep of budgets counts each schedule once.
+        Their FLOP counts are kept under ``count_key``, the program's at any budget
+        (:mod:`remat_opt._counted`; ``None``: not kept): a sweep of budgets counts each once.
         """
         started = time.perf_counter()
         # Each schedule's program built once: its gradient's trace (kept with the function,
         # traced_step) serves its FLOP count and its compile.
         program_of = functools.cache(lambda schedule: self._program(graph, schedule))
-        # The key names a dataclass cost model by its fields, another only by its type.
-        kept = key if self.cost_model is None or dataclasses.is_dataclass(self.cost_model) else None
-        traced_flops = functools.cache(lambda schedule: counted_flops(kept, schedule, lambda: gradient_flops(
+        traced_flops = functools.cache(lambda schedule: counted_flops(count_key, schedule, lambda: gradient_flops(
             program_of(schedule), args, kwargs, nums, self.cost_model, self.has_aux)) - baseline_flops)
         tiers = outside_tiers(graph, budget, ceiling_flops, self.MODEL_SLACK, self.MEASURED_CANDIDATES, traced_flops)
         seconds = time.perf_counter() - started

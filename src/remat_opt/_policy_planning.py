@@ -23,12 +23,14 @@ error's minimum is no higher than any of them.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from ._budget import format_bytes
+from ._counted import counted_flops
 from ._schedule import Schedule
 from .memory._measure import gradient_flops
 from .memory._simulate import simulate
@@ -58,15 +60,17 @@ class PolicyCandidate:
 
 
 def counted_policies(fn: Callable[..., Any], args: tuple, kwargs: dict, nums: Any, cost_model: CostModel | None,
-                     has_aux: bool, baseline_flops: int) -> list[PolicyCandidate]:
+                     has_aux: bool, baseline_flops: int, key: str | None = None) -> list[PolicyCandidate]:
     """Every built-in policy around ``fn`` JAX can differentiate, with the FLOPs it recomputes (not
-    measured yet: ``measured`` 0). A saving policy fails on a program whose residuals include a
-    complex value (JAX's ``reduce_precision`` on them rejects it); it is left out."""
+    measured yet: ``measured`` 0), each count kept under ``key`` (:mod:`remat_opt._counted`).
+    A saving policy fails on a program whose residuals include a complex value (JAX's
+    ``reduce_precision`` on them rejects it); it is left out."""
     counted = []
     for name in POLICIES:
         program = policy_program(fn, name)
         try:
-            flops = gradient_flops(program, args, kwargs, nums, cost_model, has_aux) - baseline_flops
+            flops = counted_flops(key, name, functools.partial(gradient_flops, program, args, kwargs, nums,
+                                                               cost_model, has_aux)) - baseline_flops
         except TypeError as err:
             logger.info("jax.checkpoint(fn, policy=%s) left out: %s", name, str(err).splitlines()[0])
             continue
