@@ -101,13 +101,19 @@ def versions() -> dict[str, str]:
             "jax": jax.__version__, "jaxlib": importlib.metadata.version("jaxlib")}
 
 
+def names_cost_model(cost_model: Any) -> bool:
+    """Whether :func:`options_of` names ``cost_model`` fully: the default, or a
+    dataclass (by its fields); another is named by its type alone."""
+    return cost_model is None or dataclasses.is_dataclass(cost_model)
+
+
 def options_of(optimized: Any, argnums: tuple[int, ...]) -> dict[str, Any]:
     """The options of an :class:`remat_opt.OptimizedFunction` a plan depends on:
     ``optimize``'s arguments and the search's constants (its upper-case class
     attributes, such as ``RETRY_MARGIN``)."""
     cost_model = optimized.cost_model
     model = "default" if cost_model is None else f"{type(cost_model).__module__}.{type(cost_model).__qualname__}"
-    if dataclasses.is_dataclass(cost_model):
+    if cost_model is not None and names_cost_model(cost_model):
         model += repr(cost_model)
     return {
         "solver_options": dataclasses.asdict(optimized.solver_options),

@@ -25,7 +25,8 @@ from typing import Any
 import jax
 
 from ._budget import format_bytes
-from ._cache import cache_directory, derivative_text, layout_of, options_of, plan_key, qualified_name
+from ._cache import (cache_directory, derivative_text, layout_of, names_cost_model, options_of, plan_key,
+                     qualified_name)
 from ._counted import counted_flops
 from ._errors import InfeasibleBudgetError
 from ._forward import forward_mode
@@ -188,9 +189,8 @@ class OptimizedFunction:
                               "PLAIN", 0.0, 0.0, 0)
             return plan, self.fn
 
-        # FLOP counts are kept under the program's key (remat_opt._counted), where it names the cost
-        # model: a dataclass by its fields, another only by its type.
-        count_key = lowest_key if self.cost_model is None or dataclasses.is_dataclass(self.cost_model) else None
+        # FLOP counts are kept under the program's key (remat_opt._counted), where it names the cost model.
+        count_key = lowest_key if names_cost_model(self.cost_model) else None
         # jax.checkpoint around fn with a built-in policy that recomputes nothing:
         # when XLA fits it (it can keep less than fn as written), nothing beats it.
         policies = counted_policies(self.fn, args, kwargs, nums, self.cost_model, self.has_aux, baseline_flops,
