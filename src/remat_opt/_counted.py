@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 
+from ._kept import kept
+
 KEPT = 4096
 """Counts kept, the least recently used dropped first (each is one number)."""
 
@@ -31,16 +33,7 @@ def counted_flops(key: str | None, what: Hashable, count: Callable[[], int]) -> 
     ``what`` (a :class:`remat_opt._schedule.Schedule`, or a policy's name), run
     only the first time this process asks; afterwards, the count kept. With no
     ``key`` (a cost model the key cannot name), counted every time."""
-    if key is None:
-        return count()
-    entry = (key, what)
-    if entry in _counts:
-        _counts.move_to_end(entry)
-        return _counts[entry]
-    flops = _counts[entry] = count()
-    if len(_counts) > KEPT:
-        _counts.popitem(last=False)
-    return flops
+    return count() if key is None else kept(_counts, (key, what), count, KEPT)
 
 
 def forget() -> None:

@@ -22,6 +22,8 @@ from typing import Any, TypeVar
 
 import jax
 
+from .._kept import kept
+
 T = TypeVar("T")
 
 FIGURES_ONLY = {"xla_backend_optimization_level": 0}
@@ -66,15 +68,7 @@ def compiled_figures(lowered: Any, kind: str, figures: Callable[[Any], T]) -> T:
         figures: compiles ``lowered`` and reads what is kept (numbers, not
             the executable).
     """
-    key = (kind, _digest(lowered))
-    if key in _figures:
-        _figures.move_to_end(key)
-        return _figures[key]
-    value = figures(lowered)
-    _figures[key] = value
-    if len(_figures) > KEPT:
-        _figures.popitem(last=False)
-    return value
+    return kept(_figures, (kind, _digest(lowered)), lambda: figures(lowered), KEPT)
 
 
 def forget() -> None:
