@@ -215,3 +215,31 @@ def test_a_changed_custom_backward_is_planned_again(tmp_path):
         step.plan(ws, x)
         assert len(list(tmp_path.glob("*.json"))) == entries, scale
         _grads_match(step, fn, ws, x)
+
+
+class _ScaledCosts:
+    """A cost model that is not a dataclass: the key names it by its type alone."""
+
+    def __init__(self, scale):
+        self.scale = scale
+
+    def eqn_flops(self, eqn):
+        return self.scale * remat_opt.FlopCostModel().eqn_flops(eqn)
+
+
+def test_a_cost_model_the_key_cannot_name_keeps_no_plan(small_mlp, tmp_path):
+    """Two such cost models of one type would share a key, so one could be served the
+    other's plan: neither is read nor kept, and a warning says how to have it kept."""
+    fn, params, x = small_mlp
+    budget = peak_bytes(fn, params, x)
+    step = remat_opt.optimize(fn, budget, solver_options=FAST, cost_model=_ScaledCosts(1), cache=tmp_path)
+    with pytest.warns(CacheWarning, match="not a dataclass"):
+        step.plan(params, x)
+    assert not list(tmp_path.glob("*.json"))
+    # Said once per folder and type: the second is planned afresh, quietly, and not kept either.
+    remat_opt.optimize(fn, budget, solver_options=FAST, cost_model=_ScaledCosts(1000), cache=tmp_path).plan(params, x)
+    assert not list(tmp_path.glob("*.json"))
+    # A dataclass cost model is named by its fields: its plan is kept.
+    remat_opt.optimize(fn, budget, solver_options=FAST, cost_model=remat_opt.FlopCostModel(),
+                       cache=tmp_path).plan(params, x)
+    assert len(list(tmp_path.glob("*.json"))) == 1

@@ -10,6 +10,9 @@ JSON: the plan's figures and its decisions (:meth:`remat_opt.Schedule.to_json`,
 or the loop plan), never pickled code. A process that finds the entry rebuilds the graph (trace and build, no
 compile) and the rewritten program from the decisions, and makes no solver
 call and compiles no candidate (:meth:`remat_opt.OptimizedFunction` does that).
+A cost model is part of the key by its type and, for a dataclass, its fields;
+one that is not a dataclass cannot be told from another of its type, so its
+plans are neither read nor kept (:func:`names_cost_model`).
 
 The folder is ``optimize(..., cache=path)``, else the environment variable
 ``REMAT_OPT_CACHE_DIR``, else ``~/.cache/remat_opt``; ``cache=False`` turns it

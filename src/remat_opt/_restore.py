@@ -22,6 +22,7 @@ from ._cache import (
     entry_path,
     entry_schedule,
     layout_of,
+    names_cost_model,
     options_of,
     plan_entry,
     plan_from_entry,
@@ -96,10 +97,19 @@ def cached_plan(optimized: Any, args: tuple, kwargs: dict) -> tuple[Plan, Callab
     measured when it was made. On a mesh the key holds each argument's
     sharding, and the restored plan's graph gives each value's bytes for the
     whole array (one device's come from XLA's partitioned compile, which
-    loading skips); its figures are one device's, as measured.
+    loading skips); its figures are one device's, as measured. A cost model
+    that is not a dataclass is named in the key by its type alone, so its plans
+    are neither read nor kept (a :class:`CacheWarning` says so once).
     """
     directory = cache_directory(optimized.cache)
     if directory is None:
+        return optimized._make_plan(args, kwargs)
+    if not names_cost_model(optimized.cost_model):
+        # The key names such a cost model by its type alone: two of one type would share plans.
+        kind = type(optimized.cost_model)
+        report(directory, f"keeps no plan of a cost model that is not a dataclass ({kind.__module__}."
+               f"{kind.__qualname__}): the key cannot tell two of them apart. Make it a dataclass whose "
+               "fields set its costs to have its plans kept.")
         return optimized._make_plan(args, kwargs)
     argnums = normalize_argnums(optimized.argnums, len(args))
     whole = trace(optimized.fn, args, kwargs, argnums)
