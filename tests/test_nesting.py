@@ -1,5 +1,6 @@
 """Nested schedules: Revolve's count, exact gradients and FLOPs, and plans below the flat minimum."""
 
+import functools
 from math import comb
 
 import jax
@@ -52,6 +53,68 @@ def test_taping_more_steps_is_never_dearer():
         assert costs == sorted(costs, reverse=True) and costs[-1] == 0
         for m in range(2, 22):
             assert tape(m)[0] <= revolve(m - 1)[0]
+
+
+def _recursive_trees(prefix, tape, max_depth):
+    """The dynamic program written as the recursion it solves, scanning cuts upwards:
+    the reference for the tabled one (the same totals, the same first cut on a tie)."""
+    inf = float("inf")
+
+    @functools.cache
+    def cost(i, j, m, depth):
+        limit = m if tape else 1
+        if j - i <= limit:
+            return 0.0, 0
+        if m < 2 - (not tape):
+            return inf, 0
+        best = (inf, 0)
+        for k in range(i + 1, j):
+            rest = cost(k, j, m - 1, depth)[0]
+            first = cost(i, k, m, depth - 1)[0] if depth > 1 else (0.0 if k - i <= limit else inf)
+            total = rest + (prefix[k] - prefix[i]) + first
+            if total < best[0]:
+                best = (total, k)
+        return best
+
+    def cuts(i, j, m, depth):
+        out = []
+        while j - i > (m if tape else 1):
+            k = cost(i, j, m, depth)[1]
+            out.append((i, k, cuts(i, k, m, depth - 1) if depth > 1 else ()))
+            i, m = k, m - 1
+        return tuple(out)
+
+    def tree(m):
+        total = cost(0, len(prefix) - 1, m, max_depth)[0]
+        return total, (None if total == inf else cuts(0, len(prefix) - 1, m, max_depth))
+
+    return tree
+
+
+def _tree_cuts(schedule, start=0):
+    """A tree as :func:`_recursive_trees` writes it: each level's segments before its
+    last, in order, each with its nested cuts."""
+    points, nested = sorted(schedule.cuts), dict(schedule.nested)
+    return tuple((a, k, _tree_cuts(nested[a], a) if a in nested else ())
+                 for a, k in zip([start, *points[:-1]], points))
+
+
+@pytest.mark.parametrize("tape", [False, True])
+def test_the_tabled_program_equals_the_recursion(tape):
+    """Equal steps (every cut ties), random ones, and FLOPs past float precision's 2**53."""
+    rng = np.random.default_rng(1)
+    chains = [[5] * 12, rng.integers(1, 9, size=14).tolist(), rng.choice([0, 1, 10**12, 3 * 10**15], size=10).tolist()]
+    for steps in chains:
+        prefix = tuple(int(x) for x in np.concatenate([[0], np.cumsum(steps, dtype=object)]))
+        for depth in (1, 2, 3):
+            tabled, recursive = chain_trees(prefix, tape, depth), _recursive_trees(prefix, tape, depth)
+            for m in range(len(prefix) + 1):
+                cost, tree = tabled(m)
+                want_cost, want_cuts = recursive(m)
+                assert cost == want_cost, (steps, depth, m)
+                assert (tree is None) == (want_cuts is None), (steps, depth, m)
+                if tree is not None:
+                    assert _tree_cuts(tree) == want_cuts, (steps, depth, m)
 
 
 def test_depth_limit_is_kept():

@@ -12,6 +12,7 @@ References:
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 from ..memory._fusion import materialized
 from ..program._graph import ProgramGraph
@@ -114,9 +115,15 @@ def chen_greedy_schedule(graph: ProgramGraph, threshold_bytes: int, late: bool =
         Memory Cost. arXiv:1604.06174, 2016 (greedy planning with a budget).
     """
     candidates = set(articulation_positions(graph)) or set(range(1, graph.num_positions))
-    produced = residual_bytes_by_position(graph)
+    return _greedy(graph.num_positions, candidates, residual_bytes_by_position(graph), threshold_bytes, late)
+
+
+def _greedy(positions: int, candidates: set[int], produced: Sequence[int], threshold_bytes: int,
+            late: bool) -> Schedule:
+    """:func:`chen_greedy_schedule` on the program's cut ``candidates`` and the residual
+    bytes ``produced`` at each position, read off the graph once for a whole grid."""
     cuts, temp, due = set(), 0, None  # due: the cut chosen, not yet placed (late)
-    for p in range(graph.num_positions):
+    for p in range(positions):
         if p in candidates and (temp > threshold_bytes or (late and due is not None)):
             due, temp = p, 0
         if due is not None and (produced[p] or not late):
@@ -137,12 +144,15 @@ def chen_greedy_candidates(graph: ProgramGraph, late: bool = False) -> tuple[tup
     Returns:
         ``(threshold_bytes, schedule)`` pairs, one per distinct schedule.
     """
-    total = sum(residual_bytes_by_position(graph))
-    count = len(articulation_positions(graph)) or graph.num_positions
+    produced = residual_bytes_by_position(graph)
+    total = sum(produced)
+    points = articulation_positions(graph)
+    count = len(points) or graph.num_positions
+    candidates = set(points) or set(range(1, graph.num_positions))
     seen: dict[Schedule, int] = {}
     for m in range(1, 2 * count + 3):
         threshold = total // m
-        schedule = chen_greedy_schedule(graph, threshold, late)
+        schedule = _greedy(graph.num_positions, candidates, produced, threshold, late)
         seen.setdefault(schedule, threshold)
     return tuple((b, s) for s, b in seen.items())
 

@@ -32,10 +32,11 @@ References:
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable, Sequence
 from itertools import accumulate
+
+import numpy as np
 
 from ._chen import articulation_positions
 from ..program._graph import ProgramGraph
@@ -84,6 +85,16 @@ def chain_trees(
     """The dynamic program on a chain of ``len(prefix) - 1`` steps, step ``i``
     costing ``prefix[i + 1] - prefix[i]`` FLOPs.
 
+    ``cost(i, j, m, d)``, the fewest FLOPs to reverse steps ``i:j`` with their
+    input stored, ``m`` units free and ``d`` levels of checkpoints allowed, is
+    zero when the steps fit one tape, else the least over the first cut ``k``
+    of ``cost(k, j, m - 1, d) + (prefix[k] - prefix[i]) + cost(i, k, m, d - 1)``
+    (the segment ``i:k`` is rerun, then reversed one level down; at ``d = 0``
+    only a tape is left). It is filled bottom-up, one table of every ``(i, j)``
+    per ``(d, m)``, the least over ``k`` taken in one array operation; the
+    first ``k`` of equal totals wins, summed in that order, as a recursion
+    scanning ``k`` upwards would.
+
     Returns:
         A function of the memory units giving the fewest FLOPs recomputed and
         the tree that recomputes them, its cuts at step boundaries ``1 ..
@@ -91,50 +102,74 @@ def chain_trees(
         levels fits. With ``tape`` false, the last segment of every level is
         one step and a unit is one stored state (Revolve).
     """
+    tables = _ChainTables(prefix, tape, max_depth)
     steps = len(prefix) - 1
-
-    def tape_limit(m: int) -> int:
-        """Steps the last segment of a level may tape with ``m`` units free."""
-        return m if tape else 1
-
-    @functools.cache
-    def cost(i: int, j: int, m: int, depth: int) -> tuple[float, int]:
-        """(FLOPs, first cut) to reverse steps ``i:j`` with their input stored,
-        ``m`` units free and ``depth`` levels of checkpoints allowed."""
-        if j - i <= tape_limit(m):
-            return 0.0, 0
-        if m < 2 - (not tape):  # a cut needs a unit for its state, and the rest still needs a tape
-            return _INF, 0
-        best = (_INF, 0)
-        for k in range(i + 1, j):
-            if depth == 1 and k - i > tape_limit(m):
-                continue  # the first segment would need a level of its own
-            rest, _ = cost(k, j, m - 1, depth)
-            if rest == _INF:
-                continue
-            first, _ = cost(i, k, m, depth - 1) if depth > 1 else (0.0, 0)
-            total = rest + (prefix[k] - prefix[i]) + first
-            if total < best[0]:
-                best = (total, k)
-        return best
 
     def build(i: int, j: int, m: int, depth: int) -> Schedule:
         """The tree of steps ``i:j``: its level's cuts and its nested segments."""
         cuts, nested = set(), []
-        while j - i > tape_limit(m):
-            _, k = cost(i, j, m, depth)
+        while j - i > tables.tape_limit(m):
+            k = tables.first_cut(i, j, m, depth)
             # Segment i:k is recomputed in its backward, then reversed with m units.
-            if k - i > tape_limit(m):
+            if k - i > tables.tape_limit(m):
                 nested.append((i, build(i, k, m, depth - 1)))
             cuts.add(k)
             i, m = k, m - 1
         return Schedule(cuts=frozenset(cuts), nested=tuple(nested))
 
     def tree(units: int) -> tuple[float, Schedule | None]:
-        total, _ = cost(0, steps, units, max_depth) if steps >= 1 else (_INF, 0)
+        total = tables.cost(0, steps, units, max_depth) if steps >= 1 else _INF
         return (total, None) if total == _INF else (total, build(0, steps, units, max_depth))
 
     return tree
+
+
+class _ChainTables:
+    """:func:`chain_trees`' tables: per level ``d`` and units ``m``, the cost and
+    first cut of every span ``i:j``, filled for ``m`` as far as asked."""
+
+    def __init__(self, prefix: Sequence[float], tape: bool, max_depth: int) -> None:
+        self.tape, self.max_depth = tape, max_depth
+        n = len(prefix)
+        points = np.arange(n)
+        self.span = points[None, :] - points[:, None]  # j - i
+        # prefix[k] - prefix[i] exactly (Python integers), then as floats: [i, k].
+        self.rerun = np.array([[float(b - a) for b in prefix] for a in prefix]).reshape(n, n)
+        # k strictly between i and j, as [i, k, j].
+        self.between = (points[:, None, None] < points[None, :, None]) & (points[None, :, None] < points[None, None, :])
+        self.costs: list[list[np.ndarray]] = [[] for _ in range(max_depth + 1)]
+        self.cuts: list[list[np.ndarray]] = [[] for _ in range(max_depth + 1)]
+
+    def tape_limit(self, m: int) -> int:
+        """Steps the last segment of a level may tape with ``m`` units free."""
+        return m if self.tape else 1
+
+    def cost(self, i: int, j: int, m: int, depth: int) -> float:
+        self._fill(m)
+        return float(self.costs[depth][m][i, j])
+
+    def first_cut(self, i: int, j: int, m: int, depth: int) -> int:
+        self._fill(m)
+        return int(self.cuts[depth][m][i, j])
+
+    def _fill(self, units: int) -> None:
+        """Fills the tables of every level for ``m`` up to ``units``."""
+        for m in range(len(self.costs[0]), units + 1):
+            taped = self.span <= self.tape_limit(m)
+            below = np.where(taped, 0.0, _INF)  # d = 0: a tape, or nothing
+            self.costs[0].append(below)
+            self.cuts[0].append(np.zeros(below.shape, dtype=np.int64))
+            for d in range(1, self.max_depth + 1):
+                if m < 2 - (not self.tape):  # a cut needs a unit for its state, and the rest still needs a tape
+                    cost, cut = below, self.cuts[0][m]
+                else:
+                    # [i, k, j]: the rest after cut k, plus rerunning i:k, plus reversing i:k a level down.
+                    total = (self.costs[d][m - 1][None, :, :] + self.rerun[:, :, None]) + self.costs[d - 1][m][:, :, None]
+                    total = np.where(self.between, total, _INF)
+                    cut = np.argmin(total, axis=1)  # the first k of equal totals
+                    cost = np.where(taped, 0.0, np.take_along_axis(total, cut[:, None, :], axis=1)[:, 0, :])
+                self.costs[d].append(cost)
+                self.cuts[d].append(cut)
 
 
 def _on_positions(tree: Schedule, bounds: Sequence[int]) -> Schedule:
