@@ -11,6 +11,7 @@ measured plan's is, and XLA decides.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 from .._schedule import Schedule, Simulation
@@ -55,7 +56,8 @@ def outside_tiers(graph: ProgramGraph, budget: int, ceiling_flops: int | None, s
     measured once, so that one compile is not spent twice on one program.
     """
     chen = chen_schedules(graph)
-    picks = baseline_picks(graph)  # what the Chen and Revolve baselines measure
+    # What the Chen and Revolve baselines measure: worked out only where a tier takes them.
+    picks = functools.cache(lambda: baseline_picks(graph))
     schedules = {s: None for s in (*nested_candidates(graph), *chen, *policy_schedules(graph, chen))}
     sims, behaviours = [], set()
     for s in schedules:  # one of each behaviour: the first (fewest names) of those the model runs alike
@@ -76,14 +78,14 @@ def outside_tiers(graph: ProgramGraph, budget: int, ceiling_flops: int | None, s
         cheapest = _with_cheapest_fit(below, per_tier, budget)
     else:  # with the baselines' picks, whatever the model says of them: no baseline that fits is cheaper
         head = _with_cheapest_fit(within, per_tier, budget)
-        added = [(s, simulate(graph, s)) for s in picks if s not in {h for h, _ in head}]
+        added = [(s, simulate(graph, s)) for s in picks() if s not in {h for h, _ in head}]
         cheapest = _by_traced_flops([*head, *added], traced_flops, ceiling_flops)
     tiers = [cheapest]
     if ceiling_flops is None:
         lowest = [t for t in sorted(sims, key=lambda t: (t[1].peak_bytes, *key(t))) if t not in cheapest][:per_tier]
         # And what the baselines measure: a budget one of them fits is never refused.
         seen = {s for s, _ in (*cheapest, *lowest)}
-        tiers.append([*lowest, *((s, simulate(graph, s)) for s in picks if s not in seen)])
+        tiers.append([*lowest, *((s, simulate(graph, s)) for s in picks() if s not in seen)])
     return tiers
 
 
