@@ -247,10 +247,36 @@ def solve_checkmate(cg: CheckmateGraph, budget_bytes: int, *, time_limit_s: floa
         raise ValueError(f"backend must be one of {BACKENDS} bundled with OR-tools; got {backend!r}.")
     if not time_limit_s > 0:
         raise ValueError(f"time_limit_s must be positive; got {time_limit_s!r}.")
-    start, n, m, cap = time.perf_counter(), cg.size, cg.memory, budget_bytes - cg.base_bytes
+    start, cap = time.perf_counter(), budget_bytes - cg.base_bytes
     if cap < 0:
         return CheckmateSolution("INFEASIBLE", math.nan, math.nan, math.nan, 0.0, 0.0)
-    unit, scale = math.gcd(*m) or 1, math.gcd(*cg.cost) or 1  # gcd scaling, as Checkmate does
+    scale = math.gcd(*cg.cost) or 1  # gcd scaling, as Checkmate does
+    R, S, objective = _milp(solver, cg, cap, scale)
+    solver.SetTimeLimit(max(1, int(time_limit_s * 1000)))
+    solver.SetNumThreads(num_threads)
+    solver.SuppressOutput()
+    if backend == "SCIP":
+        solver.SetSolverSpecificParametersAsString(f"randomization/randomseedshift = {seed}\n")
+    built = time.perf_counter()
+    code, solved = solver.Solve(), time.perf_counter()
+    status = _STATUS.get(code, f"ABNORMAL({code})")
+    record = (solved - built, built - start, solver.NumVariables(), solver.NumConstraints())
+    if status not in ("OPTIMAL", "FEASIBLE"):
+        return CheckmateSolution(status, math.nan, math.nan, math.nan, *record)
+    compute = tuple(frozenset(i for i, x in enumerate(r) if x.solution_value() > 0.5) for r in R)
+    keep = tuple(frozenset(i for i, x in enumerate(r) if x.solution_value() > 0.5) for r in S)
+    recompute = float(sum(cg.cost[i] for r in compute for i in r) - sum(cg.cost))
+    bound = min(recompute, max(0.0, objective.BestBound() * scale - sum(cg.cost)))
+    gap = 0.0 if status == "OPTIMAL" or recompute == 0 else (recompute - bound) / recompute
+    return CheckmateSolution(status, recompute, bound, gap, *record, compute=compute, keep=keep)
+
+
+def _milp(solver: pywraplp.Solver, cg: CheckmateGraph, cap: int, scale: int
+          ) -> tuple[list, list, pywraplp.Objective]:
+    """Checkmate's MILP in ``solver``: the compute (``R``) and keep (``S``) variables,
+    each stage's memory under ``cap``, and the objective (costs over ``scale``)."""
+    n, m = cg.size, cg.memory
+    unit = math.gcd(*m) or 1
     R = [[solver.IntVar(int(i == t), 1, f"R{t}_{i}") for i in range(t + 1)] for t in range(n)]
     S = [[solver.BoolVar(f"S{t}_{i}") for i in range(t)] for t in range(n)]
     U = [[solver.NumVar(0, cap // unit, f"U{t}_{k}") for k in range(t + 1)] for t in range(n)]
@@ -283,20 +309,4 @@ def solve_checkmate(cg: CheckmateGraph, budget_bytes: int, *, time_limit_s: floa
                 frees.append((free, m[i] / unit))
             row(0, 0, (U[t][k + 1], 1), (U[t][k], -1), (R[t][k + 1], -m[k + 1] / unit), *frees)
     objective.SetMinimization()
-    solver.SetTimeLimit(max(1, int(time_limit_s * 1000)))
-    solver.SetNumThreads(num_threads)
-    solver.SuppressOutput()
-    if backend == "SCIP":
-        solver.SetSolverSpecificParametersAsString(f"randomization/randomseedshift = {seed}\n")
-    built = time.perf_counter()
-    code, solved = solver.Solve(), time.perf_counter()
-    status = _STATUS.get(code, f"ABNORMAL({code})")
-    record = (solved - built, built - start, solver.NumVariables(), solver.NumConstraints())
-    if status not in ("OPTIMAL", "FEASIBLE"):
-        return CheckmateSolution(status, math.nan, math.nan, math.nan, *record)
-    compute = tuple(frozenset(i for i, x in enumerate(r) if x.solution_value() > 0.5) for r in R)
-    keep = tuple(frozenset(i for i, x in enumerate(r) if x.solution_value() > 0.5) for r in S)
-    recompute = float(sum(cg.cost[i] for r in compute for i in r) - sum(cg.cost))
-    bound = min(recompute, max(0.0, objective.BestBound() * scale - sum(cg.cost)))
-    gap = 0.0 if status == "OPTIMAL" or recompute == 0 else (recompute - bound) / recompute
-    return CheckmateSolution(status, recompute, bound, gap, *record, compute=compute, keep=keep)
+    return R, S, objective
