@@ -164,7 +164,8 @@ class _ChainTables:
                     cost, cut = below, self.cuts[0][m]
                 else:
                     # [i, k, j]: the rest after cut k, plus rerunning i:k, plus reversing i:k a level down.
-                    total = (self.costs[d][m - 1][None, :, :] + self.rerun[:, :, None]) + self.costs[d - 1][m][:, :, None]
+                    rest, first = self.costs[d][m - 1][None, :, :], self.costs[d - 1][m][:, :, None]
+                    total = (rest + self.rerun[:, :, None]) + first
                     total = np.where(self.between, total, _INF)
                     cut = np.argmin(total, axis=1)  # the first k of equal totals
                     cost = np.where(taped, 0.0, np.take_along_axis(total, cut[:, None, :], axis=1)[:, 0, :])
