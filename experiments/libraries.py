@@ -184,8 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fractions", type=float, nargs="*", default=[0.6, 0.4, 0.25],
                         help="budgets as fractions of the plain peak, besides the alternatives' peaks")
     parser.add_argument("--quick", action="store_true",
-                        help="budgets at the fractions only, not at the alternatives' peaks; "
-                             "nothing_saveable only; scans planned whole; a short solve")
+                        help="nothing_saveable only; scans planned whole; a short solve")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     header = f"{stamp()}\nreproduce: {command()}"
@@ -206,8 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         rows += [{"library": library, "strategy": "no remat", "measured_peak_bytes": plain, "recompute_flops": 0,
                   "overhead": 0.0}, *alternatives]
         budgets = {int(plain * frac) for frac in args.fractions}
-        if not args.quick:
-            budgets |= {r["measured_peak_bytes"] for r in frontier(alternatives, plain)}
+        budgets |= {r["measured_peak_bytes"] for r in frontier(alternatives, plain)}
         for budget in sorted(budgets, reverse=True):
             row = remat_opt_row(loss, call_args, grad_of, want, budget, options, baseline_flops,
                                 **({"unroll_scans": 0} if args.quick else {}))  # quick: scans planned whole
