@@ -20,7 +20,7 @@ change) and ``results/pareto.png``, stamped with the jax version and machine.
 
 Usage:
     python experiments/pareto.py [--models mlp,resnet,unet,gpt] [--budgets 6] [--time]
-    python experiments/pareto.py --quick      # a reduced run, as in the tests
+    python experiments/pareto.py --quick [--models mlp]   # small configs, two budgets (the tests: mlp)
 """
 
 from __future__ import annotations
@@ -189,7 +189,8 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default="mlp,resnet,unet,gpt")
+    parser.add_argument("--models", help="comma-separated zoo models (default: mlp,resnet,unet,gpt; "
+                                         "with --quick: mlp,gpt, at small configs)")
     parser.add_argument("--budgets", type=int, default=6, help="sweep points from the minimum to the plain peak")
     parser.add_argument("--time", action="store_true", help="also time each jitted step (median of 5)")
     parser.add_argument("--time-limit", type=float, default=remat_opt.SolverOptions.time_limit_s,
@@ -199,7 +200,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="small models, two budgets, one policy, none at the baselines' peaks")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
-    names = list(QUICK_CONFIGS) if args.quick else args.models.split(",")
+    names = args.models.split(",") if args.models else list(QUICK_CONFIGS if args.quick else MODELS)
+    if args.quick and not set(names) <= set(QUICK_CONFIGS):
+        parser.error(f"--quick has small configs of {', '.join(QUICK_CONFIGS)} only, not of {args.models}")
     budgets = 2 if args.quick else args.budgets
     policies = QUICK_POLICIES if args.quick else tuple(remat_opt.POLICIES)
     options = remat_opt.SolverOptions(time_limit_s=60 if args.quick else args.time_limit,

@@ -1,17 +1,17 @@
-"""``experiments/pareto.py --quick``, then ``fidelity.py`` on its output (and re-predicted), run as a user would.
+"""``experiments/pareto.py --quick`` on the MLP, then ``fidelity.py`` on its output (and re-predicted), run as a user would.
 
-A file of its own: the longest experiment test, which pytest-xdist (a file to a
-worker) then runs beside the other experiment tests instead of after them.
+The script's path is the same for every model; the GPT's plans are checked on
+XLA by many other tests, so this one runs the cheaper model only.
 """
 
 from experiment_scripts import read_rows, run_script
 
 
 def test_pareto_and_fidelity_quick(tmp_path):
-    out = run_script("pareto.py", "--quick", "--out", str(tmp_path))
+    out = run_script("pareto.py", "--quick", "--models", "mlp", "--out", str(tmp_path))
     assert "reproduce: python" in out and "jax " in out
     rows = read_rows(tmp_path / "pareto.csv")
-    assert {r["model"] for r in rows} == {"mlp", "gpt"}
+    assert {r["model"] for r in rows} == {"mlp"}
     ours = [r for r in rows if r["strategy"] == "remat_opt" and not r["error"]]
     assert ours, "remat_opt produced no plan"
     for r in ours:  # every plan remat_opt returned fits its budget on XLA
