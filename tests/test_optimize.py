@@ -9,10 +9,13 @@ import pytest
 
 import remat_opt
 from remat_opt import InfeasibleBudgetError, Schedule, _lowest, peak_bytes
+from remat_opt.baselines._reference import reference
 from remat_opt.memory import model_graph
 from remat_opt.memory._measure import abstract
+from remat_opt.memory._once import once_values
 from remat_opt.memory._simulate import calibrate, simulate
 from remat_opt.program._trace import trace
+from remat_opt.rewrite._apply import apply_schedule
 
 
 def max_abs_diff(a, b):
@@ -65,6 +68,19 @@ def test_recompute_flops_match_rewritten_jaxpr(gpt_plans):
         assert plan.recompute_flops > 0
         # The model's count against what the rewritten jaxpr computes beyond the plain gradient.
         assert abs(plan.recompute_flops - plan.measured_recompute_flops) <= 0.01 * plan.recompute_flops, str(plan)
+
+
+def test_stored_values_computed_once_lower_xla_peak(small_gpt, gpt_plans):
+    # compute_saved_once is on by default (remat_opt.memory._once): the plan at 0.85 stores
+    # values computed once, and the same schedule without the conditionals holds more on XLA.
+    loss, params, batch = small_gpt
+    _, plan = gpt_plans[1][0.85]
+    ref = reference(loss, (params, batch), {}, 0, "1GiB", None)
+    assert plan.schedule.saved
+    assert plan.computed_once == len(once_values(ref.graph, plan.schedule)) > 0
+    assert f"{plan.computed_once} stored value(s) computed once" in str(plan)
+    without = ref.peak(apply_schedule(ref.fn, ref.graph, plan.schedule, compute_saved_once=False))
+    assert plan.measured_peak_bytes < without
 
 
 def test_plan_graph_carries_decisions(small_gpt, gpt_plans):
