@@ -93,26 +93,21 @@ def test_a_program_of_one_layer_per_call_is_planned_between_calls():
     assert planned_body(trace(loss, (params, jnp.ones((4, 8))), {}, (0,))) is None
 
 
-def test_plans_fit_and_keep_the_gradients(program):
+def test_plans_fit_keep_the_gradients_and_are_kept_and_loaded(program, tmp_path):
+    # One plan (the cache folder is empty, so it is solved afresh), then loaded from the cache.
     loss, params, batch = program
     plain = remat_opt.peak_bytes(loss, params, batch)
     want = jax.grad(loss)(params, batch)
     budget = int(0.75 * plain)
-    step = remat_opt.optimize(loss, budget, cache=False,
-                              solver_options=remat_opt.SolverOptions(deterministic_time_limit=0.5, num_workers=2))
-    plan = step.plan(params, batch)
-    assert plan.measured_peak_bytes <= budget
-    assert remat_opt.peak_bytes(step, params, batch) == plan.measured_peak_bytes
-    got = jax.jit(jax.grad(step))(params, batch)
+    options = remat_opt.SolverOptions(deterministic_time_limit=0.5, num_workers=2)
+    made_step = remat_opt.optimize(loss, budget, cache=tmp_path, solver_options=options)
+    made = made_step.plan(params, batch)
+    assert made.measured_peak_bytes <= budget
+    assert remat_opt.peak_bytes(made_step, params, batch) == made.measured_peak_bytes
+    got = jax.jit(jax.grad(made_step))(params, batch)
     for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-6)
 
-
-def test_a_body_plan_is_kept_and_loaded(program, tmp_path):
-    loss, params, batch = program
-    budget = int(0.75 * remat_opt.peak_bytes(loss, params, batch))
-    options = remat_opt.SolverOptions(deterministic_time_limit=0.5, num_workers=2)
-    made = remat_opt.optimize(loss, budget, cache=tmp_path, solver_options=options).plan(params, batch)
     step = remat_opt.optimize(loss, budget, cache=tmp_path, solver_options=options)
     loaded = step.plan(params, batch)
     assert (loaded.schedule, loaded.loop_plan, loaded.measured_peak_bytes) == (
