@@ -38,6 +38,7 @@ import os
 os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 
 import json
+import shutil
 import sys
 import tempfile
 import time
@@ -199,10 +200,12 @@ def run_case(case: str) -> dict:
     unsharded = (params, batch) if case != "shard_map_body_explicit" else args
     want = jax.jit(jax.grad(loss))(*unsharded)
     results = []
+    # fsdp's plan is kept in a plan cache of its own, which cached() then loads from.
+    folder = tempfile.mkdtemp(prefix="remat_opt_spmd_")
     for share in BUDGET_SHARES.get(case, (0.85,)):
         budget, refused = int(plain * share), None
         try:
-            step = remat_opt.optimize(loss, budget, cache=False, solver_options=SOLVER)
+            step = remat_opt.optimize(loss, budget, cache=folder if case == "fsdp" else False, solver_options=SOLVER)
             plan = step.plan(*args)
         except remat_opt.InfeasibleBudgetError as err:  # below reach: the budget the error names
             refused, budget = budget, err.min_budget_bytes
@@ -217,30 +220,30 @@ def run_case(case: str) -> dict:
             "remeasured": remat_opt.peak_bytes(step, *args), "grad_error": relative_error(got, want),
             # (dp_explicit's policies are dp's: not measured twice)
             "baselines": baselines(loss, args, budget) if case != "dp_explicit" else {}, "gathers": gathers(plan), "report": str(plan),
-            "cached": cached(loss, args, budget, plan) if case == "fsdp" else None,
+            "cached": cached(loss, args, budget, plan, folder) if case == "fsdp" else None,
         })
+    shutil.rmtree(folder)
     return {"case": case, "plain": plain, "global_plain": remat_opt.peak_bytes(loss, *unsharded),
             "results": results, "refusal": refusal(loss, args, plain) if case == "dp" else None,
             "seconds": time.perf_counter() - started}
 
 
-def cached(loss, args, budget: int, made: remat_opt.Plan) -> dict:
-    """The plan kept in a plan cache and loaded by another ``optimize``: compiles while loading, and what it restores."""
-    with tempfile.TemporaryDirectory() as folder:
-        remat_opt.optimize(loss, budget, cache=folder, solver_options=SOLVER).plan(*args)
-        (entry,) = list_entries(Path(folder))
-        compiles = []
-        compile_ = jax.stages.Lowered.compile
-        jax.stages.Lowered.compile = lambda self, *a, **k: compiles.append(1) or compile_(self, *a, **k)
-        try:
-            step = remat_opt.optimize(loss, budget, cache=folder, solver_options=SOLVER)
-            loaded = step.plan(*args)
-        finally:
-            jax.stages.Lowered.compile = compile_
-        same = (loaded.schedule == made.schedule and loaded.measured_peak_bytes == made.measured_peak_bytes
-                and loaded.collectives == made.collectives and loaded.collective_bytes == made.collective_bytes)
-        return {"kind": entry["kind"], "valid": entry["valid"], "compiles": len(compiles), "same": same,
-                "remeasured": remat_opt.peak_bytes(step, *args), "measured": loaded.measured_peak_bytes}
+def cached(loss, args, budget: int, made: remat_opt.Plan, folder: str) -> dict:
+    """The plan ``made`` kept in the plan cache ``folder`` and loaded by another ``optimize``:
+    compiles while loading, and what it restores."""
+    (entry,) = list_entries(Path(folder))
+    compiles = []
+    compile_ = jax.stages.Lowered.compile
+    jax.stages.Lowered.compile = lambda self, *a, **k: compiles.append(1) or compile_(self, *a, **k)
+    try:
+        step = remat_opt.optimize(loss, budget, cache=folder, solver_options=SOLVER)
+        loaded = step.plan(*args)
+    finally:
+        jax.stages.Lowered.compile = compile_
+    same = (loaded.schedule == made.schedule and loaded.measured_peak_bytes == made.measured_peak_bytes
+            and loaded.collectives == made.collectives and loaded.collective_bytes == made.collective_bytes)
+    return {"kind": entry["kind"], "valid": entry["valid"], "compiles": len(compiles), "same": same,
+            "remeasured": remat_opt.peak_bytes(step, *args), "measured": loaded.measured_peak_bytes}
 
 
 def refusal(loss, args, plain: int) -> dict:
