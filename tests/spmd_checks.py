@@ -38,7 +38,6 @@ import os
 os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 
 import json
-import shutil
 import sys
 import tempfile
 import time
@@ -199,33 +198,37 @@ def run_case(case: str) -> dict:
     # specs say, so there the reference is the plain program's own gradient on the mesh.
     unsharded = (params, batch) if case != "shard_map_body_explicit" else args
     want = jax.jit(jax.grad(loss))(*unsharded)
-    results = []
     # fsdp's plan is kept in a plan cache of its own, which cached() then loads from.
-    folder = tempfile.mkdtemp(prefix="remat_opt_spmd_")
-    for share in BUDGET_SHARES.get(case, (0.85,)):
-        budget, refused = int(plain * share), None
-        try:
-            step = remat_opt.optimize(loss, budget, cache=folder if case == "fsdp" else False, solver_options=SOLVER)
-            plan = step.plan(*args)
-        except remat_opt.InfeasibleBudgetError as err:  # below reach: the budget the error names
-            refused, budget = budget, err.min_budget_bytes
-            step = remat_opt.optimize(loss, budget, cache=False, solver_options=SOLVER)
-            plan = step.plan(*args)
-        got = jax.jit(jax.grad(step))(*args)
-        results.append({
-            "budget": budget, "refused": refused, "measured": plan.measured_peak_bytes, "predicted": plan.predicted_peak_bytes,
-            "recompute_flops": plan.measured_recompute_flops, "status": plan.status,
-            "collective_bytes": plan.collective_bytes, "plain_collective_bytes": plan.plain_collective_bytes,
-            "flops_per_byte": plan.collective_flops_per_byte,
-            "remeasured": remat_opt.peak_bytes(step, *args), "grad_error": relative_error(got, want),
-            # (dp_explicit's policies are dp's: not measured twice)
-            "baselines": baselines(loss, args, budget) if case != "dp_explicit" else {}, "gathers": gathers(plan), "report": str(plan),
-            "cached": cached(loss, args, budget, plan, folder) if case == "fsdp" else None,
-        })
-    shutil.rmtree(folder)
+    with tempfile.TemporaryDirectory(prefix="remat_opt_spmd_") as folder:
+        results = [budget_result(case, loss, args, want, int(plain * share), folder)
+                   for share in BUDGET_SHARES.get(case, (0.85,))]
     return {"case": case, "plain": plain, "global_plain": remat_opt.peak_bytes(loss, *unsharded),
             "results": results, "refusal": refusal(loss, args, plain) if case == "dp" else None,
             "seconds": time.perf_counter() - started}
+
+
+def budget_result(case: str, loss, args, want, budget: int, folder: str) -> dict:
+    """remat_opt's plan of ``case`` at ``budget`` (or, below reach, at the budget the error
+    names), checked against XLA, the gradients ``want`` and the baselines."""
+    refused = None
+    try:
+        step = remat_opt.optimize(loss, budget, cache=folder if case == "fsdp" else False, solver_options=SOLVER)
+        plan = step.plan(*args)
+    except remat_opt.InfeasibleBudgetError as err:  # below reach: the budget the error names
+        refused, budget = budget, err.min_budget_bytes
+        step = remat_opt.optimize(loss, budget, cache=False, solver_options=SOLVER)
+        plan = step.plan(*args)
+    got = jax.jit(jax.grad(step))(*args)
+    return {
+        "budget": budget, "refused": refused, "measured": plan.measured_peak_bytes, "predicted": plan.predicted_peak_bytes,
+        "recompute_flops": plan.measured_recompute_flops, "status": plan.status,
+        "collective_bytes": plan.collective_bytes, "plain_collective_bytes": plan.plain_collective_bytes,
+        "flops_per_byte": plan.collective_flops_per_byte,
+        "remeasured": remat_opt.peak_bytes(step, *args), "grad_error": relative_error(got, want),
+        # (dp_explicit's policies are dp's: not measured twice)
+        "baselines": baselines(loss, args, budget) if case != "dp_explicit" else {}, "gathers": gathers(plan), "report": str(plan),
+        "cached": cached(loss, args, budget, plan, folder) if case == "fsdp" else None,
+    }
 
 
 def cached(loss, args, budget: int, made: remat_opt.Plan, folder: str) -> dict:
