@@ -114,8 +114,14 @@ def chen_greedy_schedule(graph: ProgramGraph, threshold_bytes: int, late: bool =
         T. Chen, B. Xu, C. Zhang, C. Guestrin. Training Deep Nets with Sublinear
         Memory Cost. arXiv:1604.06174, 2016 (greedy planning with a budget).
     """
-    candidates = set(articulation_positions(graph)) or set(range(1, graph.num_positions))
+    candidates = _cut_candidates(articulation_positions(graph), graph.num_positions)
     return _greedy(graph.num_positions, candidates, residual_bytes_by_position(graph), threshold_bytes, late)
+
+
+def _cut_candidates(points: Sequence[int], positions: int) -> set[int]:
+    """Where the greedy may cut: the articulation ``points``, or, in a program
+    without any, every position but the first."""
+    return set(points) or set(range(1, positions))
 
 
 def _greedy(positions: int, candidates: set[int], produced: Sequence[int], threshold_bytes: int,
@@ -148,7 +154,7 @@ def chen_greedy_candidates(graph: ProgramGraph, late: bool = False) -> tuple[tup
     total = sum(produced)
     points = articulation_positions(graph)
     count = len(points) or graph.num_positions
-    candidates = set(points) or set(range(1, graph.num_positions))
+    candidates = _cut_candidates(points, graph.num_positions)
     seen: dict[Schedule, int] = {}
     for m in range(1, 2 * count + 3):
         threshold = total // m
