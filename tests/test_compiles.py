@@ -56,3 +56,20 @@ def test_kept_figures_are_bounded(compiles, monkeypatch):
     assert len(compiles) == 4
     peak_bytes(loss, w, jnp.ones((3, 16)))  # kept
     assert len(compiles) == 4
+
+
+def test_a_compile_for_facts_also_answers_for_the_peak(compiles):
+    """The program read for XLA's facts is not compiled again when a candidate lowers to it."""
+    from remat_opt._mesh import measurer
+    from remat_opt.memory._compiled import read_compiled
+    from remat_opt.memory._measure import gradient_step
+
+    w, x = jnp.ones((32, 32)), jnp.ones((8, 32))
+    step, step_args, step_kwargs = gradient_step(loss, (w, x), {}, 0, False)
+    facts = read_compiled(step, *step_args, **step_kwargs)
+    assert len(compiles) == 1
+    measure = measurer((w, x), {}, 0, False, None, figures_only=True)
+    assert measure(loss) == facts.peak_bytes and len(compiles) == 1  # the same module, its figure kept
+    assert measure(lambda w, x: jnp.sum(jnp.sin(x @ w))) > 0 and len(compiles) == 2  # another, compiled
+    # The facts' figure is not the default compile's: remat_opt.peak_bytes compiles as jax.jit does.
+    assert peak_bytes(loss, w, x) == facts.peak_bytes and len(compiles) == 3

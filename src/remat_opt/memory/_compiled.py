@@ -36,7 +36,7 @@ from typing import Any
 import jax
 from jax.experimental.compilation_cache import compilation_cache
 
-from ._compiles import compile_for_figures, compiled_figures
+from ._compiles import PEAK_FIGURES_ONLY, compile_for_figures, compiled_figures
 from ._hlo import EQN, PASS_THROUGH, Instruction, array_bytes, origin, parse_module
 from ._measure import memory_of
 from ._scratch import transpose_scratch
@@ -226,7 +226,10 @@ def read_compiled(step: Callable[..., Any], *args: Any, **kwargs: Any) -> Compil
         return CompiledProgram(memory_of(compiled), held_buffers(text), jax.default_backend(), deferred_sums(text),
                                tuple((eqn, *figures) for eqn, figures in sorted(scratch.items())))
 
-    return compiled_figures(jax.jit(step).lower(*args, **kwargs), "compiled program", read)
+    # Compiled for its figures, as a candidate is: a candidate that lowers to this very
+    # module (a schedule that changes nothing) is measured without a compile of its own.
+    return compiled_figures(jax.jit(step).lower(*args, **kwargs), "compiled program", read,
+                            also={PEAK_FIGURES_ONLY: lambda program: program.peak_bytes})
 
 
 @contextmanager

@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import jax
@@ -41,6 +41,12 @@ compile it, and that figure is the one reported (``remat_opt._verify``).
 KEPT = 1024
 """Figures kept, the least recently used dropped first (each is a few numbers)."""
 
+PEAK = "peak"
+"""The kind of figure :func:`remat_opt.peak_bytes` keeps: XLA's peak, compiled as ``jax.jit`` compiles."""
+
+PEAK_FIGURES_ONLY = "peak, figures only"
+"""XLA's peak, compiled with :data:`FIGURES_ONLY` (a candidate's figure)."""
+
 _figures: OrderedDict[tuple[str, str], Any] = OrderedDict()
 
 
@@ -57,7 +63,8 @@ def compile_for_figures(lowered: Any, **options: Any) -> Any:
     return lowered.compile(compiler_options={**FIGURES_ONLY, **options})
 
 
-def compiled_figures(lowered: Any, kind: str, figures: Callable[[Any], T]) -> T:
+def compiled_figures(lowered: Any, kind: str, figures: Callable[[Any], T],
+                     also: Mapping[str, Callable[[T], Any]] | None = None) -> T:
     """``figures(lowered)``, which compiles it, run only the first time this
     process asks for ``kind`` of this program; afterwards, the figures kept.
 
@@ -67,8 +74,16 @@ def compiled_figures(lowered: Any, kind: str, figures: Callable[[Any], T]) -> T:
             program keep apart.
         figures: compiles ``lowered`` and reads what is kept (numbers, not
             the executable).
+        also: other kinds the same compile answers, each with how to read it
+            off the result (XLA's facts about a program compiled for its
+            figures include its peak): kept for this program too, so that a
+            later ask for one of them compiles nothing.
     """
-    return kept(_figures, (kind, _digest(lowered)), lambda: figures(lowered), KEPT)
+    digest = _digest(lowered)
+    result = kept(_figures, (kind, digest), lambda: figures(lowered), KEPT)
+    for other, read in (also or {}).items():
+        kept(_figures, (other, digest), lambda: read(result), KEPT)
+    return result
 
 
 def forget() -> None:
