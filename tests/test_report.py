@@ -127,6 +127,17 @@ def test_the_report_lists_each_segment_with_its_decisions(plan):
     assert "not a schedule" in no_schedule.report()
 
 
+def test_the_status_says_a_gap_only_where_a_bound_above_zero_is_known(plan):
+    def status(**fields):
+        return dataclasses.replace(plan, loop_plan=None, whole_policy=None, **fields)
+
+    assert status(status="OPTIMAL", gap=0.0).status_text == "OPTIMAL"
+    assert status(status="FEASIBLE", gap=0.123).status_text == "FEASIBLE, gap 12.3%"
+    unbounded = status(status="FEASIBLE", gap=1.0)
+    assert unbounded.status_text == "FEASIBLE, no lower bound"
+    assert "no lower bound" in str(unbounded) and "gap" not in str(unbounded)
+
+
 def test_the_dot_export_reads_back_with_the_plans_decisions(plan, tmp_path):
     pydot = pytest.importorskip("pydot")
     path = tmp_path / "plan.dot"

@@ -43,7 +43,7 @@ def run(model: str = "gpt", fractions: tuple[float, ...] = (0.9, 0.75, 0.6, 0.5,
             continue
         row = dict(budget=budget, predicted=plan.predicted_peak_bytes, measured=plan.measured_peak_bytes,
                    plain=plain, overhead=plan.recompute_overhead, solve_s=plan.solve_seconds,
-                   status=plan.status + (f" gap {plan.gap:.1%}" if plan.status == "FEASIBLE" else ""),
+                   status=plan.status_text,
                    total_s=time.perf_counter() - start)
         rows.append(row)
         print(f"{format_bytes(budget):>11} {'-' if row['predicted'] is None else format_bytes(row['predicted']):>11} {format_bytes(row['measured']):>11} "

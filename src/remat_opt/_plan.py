@@ -166,6 +166,16 @@ class Plan:
         peak, as a matplotlib ``Figure`` (needs matplotlib); saved to ``path`` when given."""
         return _report.plot(self, path)
 
+    @property
+    def status_text(self) -> str:
+        """:attr:`status`, and for a feasible plan its gap: ``"FEASIBLE, gap 12.3%"``, or
+        ``"FEASIBLE, no lower bound"`` where none above 0 is known (a gap of 100% says
+        only that, not that the plan is poor: its recompute is measured, and compared
+        with the baselines' by the tests and experiments)."""
+        if self.status != "FEASIBLE":
+            return self.status
+        return "FEASIBLE, no lower bound" if self.gap >= 1.0 else f"FEASIBLE, gap {self.gap:.1%}"
+
     def __str__(self) -> str:
         measured = "not measured" if self.measured_peak_bytes is None else format_bytes(self.measured_peak_bytes)
         plain = "" if self.plain_peak_bytes is None else f" (plain {format_bytes(self.plain_peak_bytes)})"
@@ -178,7 +188,7 @@ class Plan:
         elif self.schedule is not None and self.schedule.nested:
             status = "FEASIBLE, the cheapest nested schedule that fits (no lower bound)"
         else:
-            status = f"FEASIBLE, gap {self.gap:.1%}"
+            status = self.status_text
         predicted = "none" if self.predicted_peak_bytes is None else format_bytes(self.predicted_peak_bytes)
         if self.loop_plan is not None:
             decisions = str(self.loop_plan)
