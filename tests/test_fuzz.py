@@ -2,8 +2,8 @@
 
 For each program and budget: the optimized step's XLA peak is within the budget, or the
 InfeasibleBudgetError's ``min_budget_bytes`` is a budget XLA confirms; gradients equal
-``jax.grad``'s (rtol 1e-5, atol 1e-6; bfloat16 looser, see ``fuzz_programs.TOLERANCES``);
-a second, fresh run makes the same plan; nothing else is raised. And on generated graphs
+``jax.grad``'s (rtol 1e-5, atol 1e-6, of each leaf's largest entry; bfloat16 looser, see
+``fuzz_programs.TOLERANCES``); a second, fresh run makes the same plan; nothing else is raised. And on generated graphs
 small enough to enumerate, CP-SAT's optimum is brute force's. Derandomized: CI runs
 the same examples every time. ``experiments/fuzz.py`` runs the same checks on 1000+.
 """
@@ -81,6 +81,17 @@ def test_regression_bfloat16_arguments_are_traced():
     np.testing.assert_allclose(np.asarray(jax.grad(step)(params, x, k)["w0"], np.float32),
                                np.asarray(jax.grad(BF16_DOT)(params, x, k)["w0"], np.float32))
     assert jnp.asarray(x).dtype == jnp.bfloat16
+
+
+def test_the_gradient_check_takes_rounding_and_flags_a_wrong_entry():
+    from fuzz_programs import _grad_error
+
+    want = {"w": np.array([85.0, -40.0, 1e-6]), "x": np.array([2.0])}
+    rounded = {"w": want["w"] + np.array([0.0, 4e-5, 1.1e-5]), "x": want["x"]}  # float32 sums reordered
+    assert _grad_error(rounded, want, "float32") < 1.0
+    wrong = {"w": want["w"] + np.array([0.0, 0.0, 0.01]), "x": want["x"]}  # one small entry off by 1e-4 of 85
+    assert _grad_error(wrong, want, "float32") > 1.0
+    assert _grad_error({"w": want["w"], "x": want["x"] * 1.001}, want, "float32") > 1.0  # a whole leaf off
 
 
 def test_experiment_script_runs_and_counts(tmp_path):
