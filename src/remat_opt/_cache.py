@@ -209,6 +209,8 @@ def plan_kind(plan: Plan) -> str | None:
 
 def plan_entry(plan: Plan, kind: str, function: str) -> dict[str, Any]:
     """The JSON-ready entry for ``plan`` (of kind ``kind``, see :func:`plan_kind`)."""
+    if plan.schedule is None:
+        raise ValueError("a plan without a schedule has no cache entry (see plan_kind).")
     figures = {name: getattr(plan, name) for name in _PLAN_FIELDS}
     figures["collectives"] = [dataclasses.asdict(c) for c in plan.collectives]
     loop = None if plan.loop_plan is None else {"policy": plan.loop_plan.policy, "chunks": plan.loop_plan.chunks,
@@ -242,7 +244,7 @@ def plan_from_entry(entry: Mapping[str, Any], graph: Any) -> Plan:
     stored = entry["plan"]
     if set(stored) != set(_PLAN_FIELDS):
         raise CacheEntryError(f"its plan has fields {sorted(stored)}, this remat_opt's Plan {sorted(_PLAN_FIELDS)}")
-    figures = {k: tuple(v) if isinstance(v, list) else v for k, v in stored.items()}
+    figures: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in stored.items()}
     try:
         figures["collectives"] = tuple(Collective(**{**c, "kinds": tuple(c["kinds"])}) for c in figures["collectives"])
     except (TypeError, KeyError) as err:

@@ -111,6 +111,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 def _cache_command(args: argparse.Namespace) -> int:
     directory = _cache.cache_directory(args.dir or True)
+    assert directory is not None  # on: the default folder, or the one given
     if args.action == "clear":
         removed = _cache.clear(directory)
         print(f"removed {removed} cached plan(s) from {directory}")

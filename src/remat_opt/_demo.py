@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import jax
 
@@ -41,10 +42,11 @@ def run(model: str = "gpt", fractions: tuple[float, ...] = (0.9, 0.75, 0.6, 0.5,
         except RematOptError as err:
             print(f"{format_bytes(budget):>11}  {type(err).__name__}: {err}", flush=True)
             continue
-        row = dict(budget=budget, predicted=plan.predicted_peak_bytes, measured=plan.measured_peak_bytes,
-                   plain=plain, overhead=plan.recompute_overhead, solve_s=plan.solve_seconds,
-                   status=plan.status_text,
-                   total_s=time.perf_counter() - start)
+        row: dict[str, Any] = dict(
+            budget=budget, predicted=plan.predicted_peak_bytes, measured=plan.measured_peak_bytes,
+            plain=plain, overhead=plan.recompute_overhead, solve_s=plan.solve_seconds,
+            status=plan.status_text,
+            total_s=time.perf_counter() - start)
         rows.append(row)
         print(f"{format_bytes(budget):>11} {'-' if row['predicted'] is None else format_bytes(row['predicted']):>11} {format_bytes(row['measured']):>11} "
               f"{format_bytes(plain):>11} {row['overhead']:>8.1%} {row['solve_s']:>8.1f} {row['total_s']:>8.1f}  "

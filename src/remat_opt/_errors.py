@@ -136,7 +136,7 @@ class ClosedOverTracerError(_ArgumentError, TypeError):
     """
 
 
-def _rebuild_with_kwargs(cls: type, args: tuple, state: dict) -> BaseException:
+def _rebuild_with_kwargs(cls: type[BaseException], args: tuple, state: dict) -> BaseException:
     err = cls.__new__(cls)
     Exception.__init__(err, *args)
     err.__dict__.update(state)

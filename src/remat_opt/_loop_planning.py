@@ -159,7 +159,7 @@ def loop_plans(search: LoopSearch, ceiling_flops: int | None = None, nested_floo
     if not lengths:
         return []
     candidates = []
-    unnested = {}  # policy -> FLOPs of its plan without nesting
+    unnested: dict[str | None, int] = {}  # policy -> FLOPs of its plan without nesting
     for loop in sorted(loop_candidates(lengths), key=lambda loop: loop.chunks > 1):  # without nesting first
         floor = max(unnested.get(loop.policy, 0), nested_floor) if loop.chunks > 1 else 0
         if ceiling_flops is not None and floor >= ceiling_flops:
@@ -211,6 +211,7 @@ def _saved_sets(search: LoopSearch, graph: ProgramGraph, body: ScanBody, kind: s
     measurements steer (the module's docstring), each measured; ``floor`` is the
     measured peak of the loop saving nothing."""
     plans: list[LoopCandidate] = []
+    seen: set[tuple[str, ...]]  # the saved sets measured
     cap, seen, stretch, compiles = (search.budget - floor) // body.length, {()}, 1, 0
     measured = floor  # the last set measured: saving nothing, so far
     fitting_flops = math.inf  # per iteration, of the cheapest set measured under the budget

@@ -34,7 +34,7 @@ from ._inputs import check_call
 from ._loop_planning import LoopCandidate, LoopSearch, body_plans, loop_plans
 from ._lowest import lowest_kept, recall, remember
 from ._mesh import measurer, per_device_error, sharded_twin, with_collectives
-from ._plan import Plan, annotate
+from ._plan import Plan, annotate, measured_flops_of, measured_peak_of
 from ._policy_planning import (PolicyCandidate, counted_policies, measured_policies, unmeasured_policies,
                                within_reach)
 from ._restore import cached_plan
@@ -170,7 +170,7 @@ class OptimizedFunction:
         plan, program = planned
         if plan.strategy == "remat_opt" and plan.loop_plan is None and plan.whole_policy is None \
                 and plan.schedule is not None and not plan.schedule.plain:
-            remember(lowest_key, plan.measured_peak_bytes, plan.schedule, None, qualified_name(self.fn))
+            remember(lowest_key, measured_peak_of(plan), plan.schedule, None, qualified_name(self.fn))
         if partitioned is None:
             return planned
         return with_collectives(plan, graph, partitioned, collectives[id(program)], collectives[id(self.fn)],
@@ -203,7 +203,7 @@ class OptimizedFunction:
                                                           baseline_flops, plain_peak)
         # Only a schedule cheaper than what already fits is worth measuring: than the
         # best loop plan (a schedule as cheap wins the tie), then than CP-SAT's.
-        loop_ceiling = best_loop[0].measured_recompute_flops + 1 if best_loop is not None else None
+        loop_ceiling = measured_flops_of(best_loop[0]) + 1 if best_loop is not None else None
         clock = SolverClock()
         try:
             steering = self._steering(graph, args, kwargs, nums, measure, baseline_flops, plain_peak)
@@ -217,7 +217,7 @@ class OptimizedFunction:
         # The fewest recomputed FLOPs wins; on a tie, CP-SAT's schedule, then the others,
         # then a whole-function policy (measured only when it recomputes less).
         choices = [p for p in (planned, other, best_loop) if p is not None]
-        best = min(choices, key=lambda p: p[0].measured_recompute_flops, default=None)
+        best = min(choices, key=lambda p: measured_flops_of(p[0]), default=None)
         ceiling = None if best is None else best[0].measured_recompute_flops
         tried = [*free, *measured_policies(policies, budget, measure, below_flops=ceiling, above_flops=0,
                                            admit=lambda p: within_reach(whole_graph, p, budget, self.MODEL_SLACK))]
@@ -289,10 +289,10 @@ class OptimizedFunction:
             remember(lowest_key, infeasible.min_budget_bytes, infeasible.schedule, directory, name)
         lowest = [(c.measured, f"{c.loop}") for c in loops]
         lowest += [(c.measured, f"jax.checkpoint(fn, policy={c.policy})") for c in tried]
-        if lowest_other is not None:
-            remember(lowest_key, lowest_other[0].measured_peak_bytes, lowest_other[0].schedule, directory, name)
+        if lowest_other is not None and lowest_other[0].schedule is not None:  # a measured schedule
+            remember(lowest_key, measured_peak_of(lowest_other[0]), lowest_other[0].schedule, directory, name)
             depth = lowest_other[0].schedule.depth()
-            lowest.append((lowest_other[0].measured_peak_bytes,
+            lowest.append((measured_peak_of(lowest_other[0]),
                            f"a nested schedule ({depth} levels)" if depth > 1 else "a Chen segmentation"))
         if earlier is not None:
             lowest.append((earlier[0], "a schedule an earlier plan of this program measured"))
@@ -362,7 +362,7 @@ class OptimizedFunction:
             program_of(schedule), args, kwargs, nums, self.cost_model, self.has_aux)) - baseline_flops)
         tiers = outside_tiers(graph, budget, ceiling_flops, self.MODEL_SLACK, self.MEASURED_CANDIDATES, traced_flops)
         seconds = time.perf_counter() - started
-        measured_plans = []
+        measured_plans: list[tuple[Plan, Callable[..., Any]]] = []
         for tier in tiers:
             fitting = []
             for k, (schedule, sim) in enumerate(tier, 1):
@@ -379,8 +379,8 @@ class OptimizedFunction:
                     if tier is tiers[0]:
                         break  # the cheapest the model fits, and XLA agrees
             if fitting:
-                return min(fitting, key=lambda p: p[0].measured_recompute_flops), None
-        return None, min(measured_plans, key=lambda p: p[0].measured_peak_bytes, default=None)
+                return min(fitting, key=lambda p: measured_flops_of(p[0])), None
+        return None, min(measured_plans, key=lambda p: measured_peak_of(p[0]), default=None)
 
     def _steering(self, graph: ProgramGraph, args: tuple, kwargs: dict, nums: Any,
                   measure: Callable[[Callable[..., Any]], int], baseline_flops: int, plain_peak: int) -> Steering:

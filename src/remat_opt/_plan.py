@@ -240,3 +240,18 @@ def annotate(graph: ProgramGraph, sim: Simulation) -> nx.DiGraph:
     for k in range(len(graph.input_labels)):
         g.nodes[graph.input_node(k)].update(decision="input", segment=None)
     return g
+
+
+def measured_peak_of(plan: Plan) -> int:
+    """``plan.measured_peak_bytes`` of a plan measured on XLA (as every plan the planner makes is)."""
+    if plan.measured_peak_bytes is None:
+        raise ValueError("the plan was not measured on XLA: it has no measured peak.")
+    return plan.measured_peak_bytes
+
+
+def measured_flops_of(plan: Plan) -> int:
+    """``plan.measured_recompute_flops`` of a plan whose rewritten jaxpr was counted
+    (as every plan the planner makes is)."""
+    if plan.measured_recompute_flops is None:
+        raise ValueError("the plan's rewritten program was not counted: it has no measured recompute FLOPs.")
+    return plan.measured_recompute_flops

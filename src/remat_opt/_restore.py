@@ -33,7 +33,7 @@ from ._cache import (
     report,
     write_entry,
 )
-from ._plan import Plan, annotate
+from ._plan import Plan, annotate, measured_flops_of
 from .memory._facts import model_graph, unknown_of
 from .memory._measure import gradient_flops
 from .memory._once import once_values
@@ -58,7 +58,10 @@ def restored(optimized: Any, entry: dict, whole: TracedProgram, args: tuple, kwa
     fn, cost_model = optimized.fn, optimized.cost_model
     kind, schedule = entry["kind"], entry_schedule(entry)
     if kind == "loop":
-        program = with_signature(fn, whole, loop_program(whole, entry_loop_plan(entry)))
+        loop_plan = entry_loop_plan(entry)
+        if loop_plan is None:
+            raise CacheEntryError("is a loop plan's entry without a loop plan")
+        program = with_signature(fn, whole, loop_program(whole, loop_plan))
         graph = model_graph(trace(program, args, kwargs, argnums), cost_model)
     elif kind == "plain":
         program, graph = fn, model_graph(whole, cost_model)
@@ -80,7 +83,7 @@ def restored(optimized: Any, entry: dict, whole: TracedProgram, args: tuple, kwa
     stored, rebuilt = plan.recompute_flops, sim.recompute_flops
     if is_sharded(args, kwargs):  # its model priced collectives off XLA's partitioned compile: check the jaxpr
         nums = grad_argnums(argnums)
-        stored = plan.measured_recompute_flops
+        stored = measured_flops_of(plan)
         rebuilt = gradient_flops(program, args, kwargs, nums, cost_model, optimized.has_aux) - plan.baseline_flops
     if (rebuilt, once) != (stored, plan.computed_once):
         raise CacheEntryError(f"counts {stored:,} FLOPs recomputed and {plan.computed_once} values computed "
@@ -106,9 +109,9 @@ def cached_plan(optimized: Any, args: tuple, kwargs: dict) -> tuple[Plan, Callab
         return optimized._make_plan(args, kwargs)
     if not names_cost_model(optimized.cost_model):
         # The key names such a cost model by its type alone: two of one type would share plans.
-        kind = type(optimized.cost_model)
-        report(directory, f"keeps no plan of a cost model that is not a dataclass ({kind.__module__}."
-               f"{kind.__qualname__}): the key cannot tell two of them apart. Make it a dataclass whose "
+        model_type = type(optimized.cost_model)
+        report(directory, f"keeps no plan of a cost model that is not a dataclass ({model_type.__module__}."
+               f"{model_type.__qualname__}): the key cannot tell two of them apart. Make it a dataclass whose "
                "fields set its costs to have its plans kept.")
         return optimized._make_plan(args, kwargs)
     argnums = normalize_argnums(optimized.argnums, len(args))

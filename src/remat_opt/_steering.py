@@ -28,7 +28,7 @@ from typing import Any
 
 from ._budget import format_bytes
 from ._errors import InfeasibleBudgetError
-from ._plan import Plan
+from ._plan import Plan, measured_flops_of
 from ._schedule import Schedule, Simulation
 from .memory._simulate import simulate
 from .program._graph import ProgramGraph
@@ -147,7 +147,7 @@ def _steer(graph: ProgramGraph, budget: int, ceiling_flops: int | None, clock: S
         if measured <= budget:
             plan = steering.finish(sim, solution.schedule, measured, program, solution.status, solution.gap,
                                    search.seconds, attempt)
-            if search.best is None or plan[0].measured_recompute_flops < search.best[0].measured_recompute_flops:
+            if search.best is None or measured_flops_of(plan[0]) < measured_flops_of(search.best[0]):
                 search.best, best_target = plan, target
             over_predicted = sim.peak_bytes - measured  # the model's error on this program, here
             if solution.objective_flops == 0 or over_predicted <= budget * steering.relax_slack:

@@ -44,7 +44,7 @@ from ._api import check_count, optimize
 from ._budget import format_bytes, parse_bytes
 from ._errors import InfeasibleBudgetError, InvalidOptionError, InvalidOptionTypeError
 from ._optimize import OptimizedFunction
-from ._plan import Plan
+from ._plan import Plan, measured_peak_of
 from .memory._compiles import PEAK, compiled_figures
 from .memory._measure import abstract, memory_of, peak_bytes
 
@@ -255,9 +255,9 @@ class _Step:
             peak = self.peak(loss)
             tried.append(_Attempt(loss_budget, loss, plan, peak))
             logger.info("step attempt %d/%d: loss planned under %s, measured %s; whole step measured %s",
-                        len(tried), attempts, format_bytes(loss_budget), format_bytes(plan.measured_peak_bytes),
+                        len(tried), attempts, format_bytes(loss_budget), format_bytes(measured_peak_of(plan)),
                         format_bytes(peak))
-            target = budget - (peak - plan.measured_peak_bytes)  # the budget less the rest of the step, here
+            target = budget - (peak - measured_peak_of(plan))  # the budget less the rest of the step, here
             if peak <= budget:
                 fits_at = max(fits_at or 0, loss_budget)
                 if _flops(plan) == 0 or target - loss_budget <= budget * RELAX_SLACK:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ._budget import format_bytes
-from ._plan import Plan
+from ._plan import Plan, measured_peak_of
 
 logger = logging.getLogger("remat_opt")
 
@@ -40,7 +40,7 @@ def verified(planned: Planned, verify: Callable[[Callable[..., Any]], int], budg
     if peak == plan.measured_peak_bytes:
         return planned
     logger.warning("the plan's peak compiled with default options is %s, not the %s its figures-only compile "
-                   "gave%s", format_bytes(peak), format_bytes(plan.measured_peak_bytes),
+                   "gave%s", format_bytes(peak), format_bytes(measured_peak_of(plan)),
                    "" if peak <= budget else "; planning again with default compiles")
     if peak <= budget:
         return dataclasses.replace(plan, measured_peak_bytes=peak), program

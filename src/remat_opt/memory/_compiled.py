@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import jax
+from jax._src import config as jax_config
 from jax.experimental.compilation_cache import compilation_cache
 
 from ._compiles import PEAK_FIGURES_ONLY, compile_for_figures, compiled_figures
@@ -238,7 +239,7 @@ def _compiled_afresh() -> Iterator[None]:
     loaded from it was not compiled in this process, so XLA dumps nothing for
     it (``xla_dump_to`` is not part of the cache key). The cache is reset
     before and after, as ``reset_cache`` documents; not thread-safe."""
-    if not jax.config.jax_compilation_cache_dir or not jax.config.jax_enable_compilation_cache:
+    if not jax_config.compilation_cache_dir.value or not jax_config.enable_compilation_cache.value:
         yield
         return
     compilation_cache.reset_cache()

@@ -69,8 +69,8 @@ def scratch_per_unit(graph: ProgramGraph, scratch: tuple[tuple[int, int, int, in
     the equation itself, gets it (the units after it there, such as its
     output's ``name``, would otherwise count it again where scratch adds up,
     in :func:`remat_opt.memory._branch.live_at_peak`)."""
-    per_eqn = {eqn: tuple(figures) for eqn, *figures in scratch}
-    first = {}
+    per_eqn = {eqn: (backward, forward, held) for eqn, backward, forward, held in scratch}
+    first: dict[int, int] = {}
     for u in graph.units:
         first.setdefault(u.position, u.index)
     none = (0, 0, 0)

@@ -9,6 +9,7 @@ applies them when it builds the program graph.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 
@@ -176,7 +177,8 @@ def fused_residuals(
 
 
 def fused_sources(
-    units: list[Unit], node_unit: list[int], residual: list[bool], buffer: list[int], fused: tuple[bool, ...],
+    units: Sequence[Unit], node_unit: Sequence[int], residual: Sequence[bool], buffer: Sequence[int],
+    fused: tuple[bool, ...],
     computed_once: frozenset[int] = frozenset(),
 ) -> tuple[bool, ...]:
     """Per node: a value XLA keeps for the backward because a fused residual is

@@ -67,7 +67,7 @@ def parse_module(hlo_text: str) -> tuple[str, dict[str, list[Instruction]]]:
             current = None
             continue
         found = _INSTRUCTION.match(line) if current is not None else None
-        if not found:
+        if not found or current is None:
             continue
         name, shape, opcode, rest = found.groups()
         args = rest.split("), ")[0] if "), " in rest else rest.rsplit(")", 1)[0]

@@ -118,7 +118,7 @@ def traced_step(fn: Callable[..., Any], args: tuple, kwargs: dict, argnums: int 
     under the same JAX configuration (``jax.jit``'s own trace context: x64,
     default matmul precision...).
     """
-    context = getattr(jax_config, "trace_context", tuple)()
+    context: tuple = getattr(jax_config, "trace_context", tuple)()
     key = (context, repr(argnums), has_aux, signature(args, kwargs))
     try:
         per_fn = _traces.setdefault(fn, {})

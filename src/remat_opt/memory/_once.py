@@ -128,7 +128,8 @@ def stored_once(graph: ProgramGraph, schedule: Schedule) -> frozenset[int]:
 def once_values(graph: ProgramGraph, schedule: Schedule) -> frozenset[tuple[int, int]]:
     """The primal outputs ``(equation, output)`` :func:`computed_once` wraps under
     ``schedule`` (those of :func:`stored_once`)."""
-    return frozenset(parse_value_name(graph.units[graph.node_unit[v]].name) for v in stored_once(graph, schedule))
+    names = (graph.units[graph.node_unit[v]].name for v in stored_once(graph, schedule))
+    return frozenset(parsed for name in names if name and (parsed := parse_value_name(name)) is not None)
 
 
 def held_when_once(graph: ProgramGraph, schedule: Schedule) -> ProgramGraph:

@@ -121,6 +121,9 @@ def read_partitioned(fn: Callable[..., Any], traced: TracedProgram, args: tuple,
     with _compiled_afresh():  # an executable from JAX's disk cache may have lost its op_name metadata
         compiled = jax.jit(step).lower(*abstract(step_args), **abstract(step_kwargs)).compile()
     text = compiled.as_text()
+    if text is None:  # jax: "unavailable, e.g. based on backend, compiler, or runtime"
+        raise RuntimeError(f"XLA gives no text of the compiled program on backend {jax.default_backend()!r}: "
+                           "its partitioned forward cannot be read.")
     _, computations = parse_module(text)
     forward = []
     for body in computations.values():

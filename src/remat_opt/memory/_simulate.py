@@ -449,9 +449,9 @@ def _rematerialized(graph: ProgramGraph, schedule: Schedule, layout: _Layout, re
         if b >= 0 and node_seg[b] in as_written:
             rematerialized[node_seg[b]] += tail_extra_bytes(graph, b, bool(schedule.saved) and not planning)
     last = layout.levels[0][1]
-    for u in graph.units:  # a transpose's forward scratch, held to the backward of code run as written
-        if seg_of[u.position] == last:
-            rematerialized[last] += held_forward_scratch(graph, u.index)
+    for unit in graph.units:  # a transpose's forward scratch, held to the backward of code run as written
+        if seg_of[unit.position] == last:
+            rematerialized[last] += held_forward_scratch(graph, unit.index)
     return rematerialized
 
 

@@ -45,9 +45,9 @@ def rematerialized_buffers(
     gradient slot hosts: crediting them under-predicted the bf16 MLP of
     tests/test_mixed_precision.py by 6%."""
     from_inputs = [False] * graph.num_nodes  # computed from program inputs alone
-    for u in graph.units:
-        for v in u.outputs:
-            from_inputs[v] = all(from_inputs[w] for w in u.inputs)
+    for unit in graph.units:
+        for v in unit.outputs:
+            from_inputs[v] = all(from_inputs[w] for w in unit.inputs)
 
     def upcast(u: int) -> bool:
         unit = graph.units[u]

@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
 
 import jax.numpy as jnp
 from jax.extend import source_info_util
@@ -41,6 +41,9 @@ from jax.extend.core import ClosedJaxpr, InconclusiveDimensionOperation, Jaxpr, 
 from jax.extend.core import jaxprs_in_params as _jaxprs_in_params
 
 from remat_opt._errors import UnsupportedProgramError
+
+if TYPE_CHECKING:
+    from jax.core import ShapedArray
 
 __all__ = ["CostModel", "FlopCostModel", "jaxpr_flops"]
 
@@ -247,8 +250,8 @@ def _is_identity_rounding(eqn: JaxprEqn) -> bool:
 
 def _dot_general_flops(eqn: JaxprEqn) -> int:
     """2 * batch * lhs-free * rhs-free * contracting, from ``dimension_numbers``."""
-    lhs_shape = eqn.invars[0].aval.shape
-    rhs_shape = eqn.invars[1].aval.shape
+    lhs_shape = cast("ShapedArray", eqn.invars[0].aval).shape
+    rhs_shape = cast("ShapedArray", eqn.invars[1].aval).shape
     (lhs_contract, rhs_contract), (lhs_batch, rhs_batch) = eqn.params["dimension_numbers"]
     lhs_used = set(lhs_contract) | set(lhs_batch)
     rhs_used = set(rhs_contract) | set(rhs_batch)
@@ -268,7 +271,7 @@ def _conv_flops(eqn: JaxprEqn) -> int:
     holds. Taps that fall on padding are counted, as in a dense convolution; XLA's
     ``cost_analysis`` skips them, so it reports less for ``padding='SAME'``.
     """
-    rhs_shape = eqn.invars[1].aval.shape
+    rhs_shape = cast("ShapedArray", eqn.invars[1].aval).shape
     dimension_numbers = eqn.params.get("dimension_numbers")
     if dimension_numbers is None:  # lax default: NC..., OI..., NC...
         rhs_spec = tuple(range(len(rhs_shape)))

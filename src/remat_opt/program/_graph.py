@@ -218,8 +218,8 @@ class ProgramGraph:
                 for w in unit.outputs:
                     g.add_edge(u, w)
         for k, readers in enumerate(self.input_readers):
-            for unit in readers:
-                for w in self.units[unit].outputs:
+            for reader in readers:
+                for w in self.units[reader].outputs:
                     g.add_edge(self.input_node(k), w)
         return g
 
@@ -260,12 +260,12 @@ def build_graph(traced: TracedProgram, cost_model: CostModel | None = None) -> P
     diff_avals = [a for a, d in zip(in_avals, traced.differentiable) if d]
     out_bytes = sum(aval_bytes(v.aval) for v in closed.jaxpr.outvars) + sum(aval_bytes(a) for a in diff_avals)
     is_output = [False] * nodes.count
-    for v in kj.outvars[: len(kj.outvars) - num_residuals]:
-        if isinstance(v, core.Var) and v in nodes.node_of:
-            is_output[nodes.node_of[v]] = True
+    for out in kj.outvars[: len(kj.outvars) - num_residuals]:
+        if isinstance(out, core.Var) and out in nodes.node_of:
+            is_output[nodes.node_of[out]] = True
     reduced = [False] * nodes.count
-    for v in reduced_residuals(linear.jaxpr, num_residuals):
-        res_var = kj.outvars[len(kj.outvars) - num_residuals + v]
+    for r in reduced_residuals(linear.jaxpr, num_residuals):
+        res_var = kj.outvars[len(kj.outvars) - num_residuals + r]
         if isinstance(res_var, core.Var) and res_var in nodes.node_of and nodes.buffer[nodes.node_of[res_var]] >= 0:
             reduced[nodes.buffer[nodes.node_of[res_var]]] = True
     graph = ProgramGraph(
@@ -400,7 +400,7 @@ def _crossing_profile(
 
 def _cse_key(eqn: core.JaxprEqn, node_of: dict, buffer: list[int]) -> tuple | None:
     """What XLA's CSE compares: primitive, parameters and operand buffers."""
-    args = []
+    args: list[tuple[str, str, bytes] | tuple[str, int]] = []
     for v in eqn.invars:
         if isinstance(v, core.Literal):
             try:

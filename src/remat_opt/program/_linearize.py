@@ -15,6 +15,7 @@ import jax
 import numpy as np
 from jax._src import core
 from jax._src.interpreters import partial_eval as pe
+from jax.extend.core import ClosedJaxpr
 
 from ._manual import make_program_jaxpr, program_context
 from ._names import eval_program
@@ -22,7 +23,7 @@ from ._precision import upcast_dtypes, upcasting_evaluator
 from ._trace import TracedProgram
 
 
-def linearized(traced: TracedProgram) -> tuple[core.ClosedJaxpr, core.ClosedJaxpr, int]:
+def linearized(traced: TracedProgram) -> tuple[ClosedJaxpr, ClosedJaxpr, int]:
     """The program's JVP split by partial evaluation, as ``jax.linearize`` does: the
     known (forward) program, whose outputs are the primal outputs and then the
     residuals, the linear (backward) program, and the number of residuals.

@@ -38,7 +38,7 @@ from ._trace import TracedProgram, check_plannable, flatten_jaxpr, planned_bodie
 try:  # jax >= 0.7
     from jax import shard_map
 except ImportError:  # pragma: no cover - older jax
-    from jax.experimental.shard_map import shard_map
+    from jax.experimental.shard_map import shard_map  # type: ignore[no-redef]  # older jax's path to it
 
 
 @dataclass(frozen=True)

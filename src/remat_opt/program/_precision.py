@@ -23,7 +23,7 @@ the program that runs is never changed.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import jax
 import numpy as np
@@ -59,6 +59,7 @@ def upcasting_evaluator(dtypes: frozenset[str]) -> Evaluator:
                     for x, n in zip(invals, narrow)]
         outs = eval_eqn(wide_eqn, wide)
         with source_info_util.user_context(eqn.source_info.traceback):
-            return [lax.convert_element_type(o, v.aval.dtype) for o, v in zip(outs, eqn.outvars)]
+            return [lax.convert_element_type(o, cast(core.ShapedArray, v.aval).dtype)
+                    for o, v in zip(outs, eqn.outvars)]
 
     return evaluate

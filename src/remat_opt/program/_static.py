@@ -166,7 +166,8 @@ def differentiated(args: tuple, kwargs: dict, argnums: Sequence[int]) -> list[bo
 def _label(arguments: Any, index: int) -> str:
     """The ``index``-th leaf's place in ``(args, kwargs)``: ``args[0]['w']``, ``kwargs['x']``."""
     path = jax.tree_util.tree_flatten_with_path(arguments)[0][index][0]
-    head = {0: "args", 1: "kwargs"}.get(getattr(path[0], "idx", None), "") if path else ""
+    heads: dict[int | None, str] = {0: "args", 1: "kwargs"}
+    head = heads.get(getattr(path[0], "idx", None), "") if path else ""
     return head + jax.tree_util.keystr(tuple(path[1:] if head else path))
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -79,6 +79,7 @@ def layer_policy_program(loss: Callable[..., Any], policy: str, fenced: bool = F
     Raises:
         TypeError: ``loss`` takes no ``layer_wrapper`` keyword argument.
     """
+    parameters: Mapping[str, inspect.Parameter]
     try:
         parameters = inspect.signature(loss).parameters
     except (TypeError, ValueError):

@@ -172,9 +172,10 @@ def segments_of(graph: ProgramGraph, schedule: Schedule, start: int = 0, stop: i
     stop = n if stop is None else stop
     bounds = [start, *sorted(c for c in schedule.cuts if start < c < stop), stop]
     names_at: dict[int, list[str]] = {}
-    for v in schedule.saved:
-        unit = graph.units[graph.node_unit[v]]
-        names_at.setdefault(unit.position, []).append(unit.name)
+    for node in schedule.saved:
+        unit = graph.units[graph.node_unit[node]]
+        if unit.name is not None:  # saved nodes are name units
+            names_at.setdefault(unit.position, []).append(unit.name)
     later_reads: list[set] = [set() for _ in range(n + 1)]  # vars read at or after position p
     acc = {v for v in jaxpr.outvars if isinstance(v, core.Var)}
     later_reads[n] = set(acc)
@@ -195,8 +196,7 @@ def segments_of(graph: ProgramGraph, schedule: Schedule, start: int = 0, stop: i
             for k, v in enumerate(jaxpr.eqns[p].outvars):
                 if v in later_reads[hi] and is_nameable(v.aval):
                     names.add(value_name(p, k))
-        names = sorted(names)
-        segments.append(Segment(lo, hi, tuple(read), tuple(outs), tuple(names)))
+        segments.append(Segment(lo, hi, tuple(read), tuple(outs), tuple(sorted(names))))
     return tuple(segments)
 
 

@@ -56,7 +56,7 @@ class ChainCosts:
         self.bounds = stage_bounds(graph, chain)  # stage t: [bounds[t], bounds[t + 1])
         spans = value_spans(graph)
         self.crossing = [crossing_values(spans, b) for b in self.bounds]
-        self.units = [[] for _ in self.bounds[:-1]]
+        self.units: list[list[int]] = [[] for _ in self.bounds[:-1]]
         for u in graph.units:
             self.units[self.stage_of(u.position)].append(u.index)
         self.first_block = self.bounds.index(chain.boundary(0))
@@ -99,7 +99,10 @@ class ChainCosts:
 
     def shift(self, nodes: frozenset[int], t: int, reference: int) -> frozenset[int]:
         """Nodes of block stage ``reference`` moved to the same stage of ``t``'s block."""
-        step = (self.block_of_stage(t) - self.block_of_stage(reference)) * self.chain.node_step
+        block, reference_block = self.block_of_stage(t), self.block_of_stage(reference)
+        if block is None or reference_block is None:
+            raise ValueError(f"stages {t} and {reference} must both lie in blocks.")
+        step = (block - reference_block) * self.chain.node_step
         return frozenset(v + step for v in nodes)
 
     def stage_recompute(self, t: int, saved: frozenset[int], entry_stored: bool, exit_stored: bool,

@@ -62,7 +62,8 @@ class ChainPlan:
     peak_bytes: int
 
 
-def _block_model(graph: ProgramGraph, costs: ChainCosts, t: int) -> tuple[cp_model.CpModel, dict, list, int]:
+def _block_model(graph: ProgramGraph, costs: ChainCosts, t: int
+                 ) -> tuple[cp_model.CpModel, dict[int, cp_model.IntVar], list[cp_model.IntVar], int]:
     """CP-SAT over stage ``t`` alone, cut at both ends: the fewest recomputed FLOPs
     (then saved bytes). Returns the model, its save literals, one literal per
     level ``k`` that caps the saved bytes at ``k / CAP_STEPS`` of all the stage
@@ -73,30 +74,30 @@ def _block_model(graph: ProgramGraph, costs: ChainCosts, t: int) -> tuple[cp_mod
     own = {v for x in costs.units[t] for v in g.units[x].outputs}
     # Not the stage's outputs (stored by the cut), nor values laid over another stage's buffer.
     saveable = [v for v in costs.save_candidates if v in own and v not in exits and g.buffer[v] in own]
-    save = {v: m.NewBoolVar(f"s{v}") for v in saveable}
-    rc = {x: m.NewBoolVar(f"r{x}") for x in costs.units[t]}
+    save = {v: m.new_bool_var(f"s{v}") for v in saveable}
+    rc = {x: m.new_bool_var(f"r{x}") for x in costs.units[t]}
 
-    def kept(v: int) -> list:
+    def kept(v: int) -> list[cp_model.IntVar]:
         return [rc[g.node_unit[v]], *([save[v]] if v in save else [])]
 
     for v in sorted(own - exits):
         if g.residual[v]:
-            m.AddBoolOr(kept(v))
+            m.add_bool_or(kept(v))
     for x in costs.units[t]:
         for w in g.units[x].inputs:
             if lo <= g.position_of(w) < hi and w not in exits:
-                m.AddBoolOr(kept(w)).OnlyEnforceIf(rc[x])
+                m.add_bool_or(kept(w)).only_enforce_if(rc[x])
     buffers: dict[int, cp_model.IntVar] = {}
     for v, s in save.items():
-        buffers.setdefault(g.buffer[v], m.NewBoolVar(f"b{g.buffer[v]}"))
-        m.AddImplication(s, buffers[g.buffer[v]])
+        buffers.setdefault(g.buffer[v], m.new_bool_var(f"b{g.buffer[v]}"))
+        m.add_implication(s, buffers[g.buffer[v]])
     total = sum(g.node_bytes[b] for b in buffers)
-    caps = [m.NewBoolVar(f"cap{k}") for k in range(CAP_STEPS + 1)]
+    caps = [m.new_bool_var(f"cap{k}") for k in range(CAP_STEPS + 1)]
     for k, lit in enumerate(caps):
-        m.Add(sum(g.node_bytes[b] * y for b, y in buffers.items()) <= total * k // CAP_STEPS).OnlyEnforceIf(lit)
+        m.add(sum(g.node_bytes[b] * y for b, y in buffers.items()) <= total * k // CAP_STEPS).only_enforce_if(lit)
     quantum = max(1, -(-total // 1000))
     flops = sum(g.units[x].flops * r for x, r in rc.items() if x in g.primal)
-    m.Minimize((total // quantum + 1) * flops + sum((g.node_bytes[b] // quantum) * y for b, y in buffers.items()))
+    m.minimize((total // quantum + 1) * flops + sum((g.node_bytes[b] // quantum) * y for b, y in buffers.items()))
     return m, save, caps, total
 
 
@@ -108,15 +109,15 @@ def block_options(graph: ProgramGraph, costs: ChainCosts, t: int, seconds: float
     Each solve is deterministic (one worker, a deterministic-time limit of
     ``seconds``, ``seed``); a level whose solve finds nothing takes the level below."""
     model, save, caps, total = _block_model(graph, costs, t)
-    levels = [frozenset()]
+    levels: list[frozenset[int]] = [frozenset()]
     for k in range(1, CAP_STEPS + 1 if total else 1):
-        model.ClearAssumptions()
-        model.AddAssumptions([caps[k]])
+        model.clear_assumptions()
+        model.add_assumptions([caps[k]])
         solver = cp_model.CpSolver()
         p = solver.parameters
         p.num_workers, p.random_seed, p.max_deterministic_time, p.max_time_in_seconds = 1, seed, seconds, 10 * seconds
-        found = solver.Solve(model) in (cp_model.OPTIMAL, cp_model.FEASIBLE)
-        levels.append(frozenset(v for v, s in save.items() if solver.Value(s)) if found else levels[-1])
+        found = solver.solve(model) in (cp_model.OPTIMAL, cp_model.FEASIBLE)
+        levels.append(frozenset(v for v, s in save.items() if solver.value(s)) if found else levels[-1])
     return tuple(levels + levels[-1:] * (CAP_STEPS + 1 - len(levels)))
 
 
@@ -162,7 +163,8 @@ class ChainSearch:
     """The dynamic program of :func:`chain_schedule` on one graph, chain and option set."""
 
     def __init__(self, graph: ProgramGraph, chain: BlockChain, costs: ChainCosts | None = None,
-                 options: tuple[frozenset[int], ...] | None = None, max_stages: int = MAX_SEGMENT_STAGES):
+                 options: dict[tuple[str, int], tuple[frozenset[int], ...]] | None = None,
+                 max_stages: int = MAX_SEGMENT_STAGES):
         self.graph, self.chain = graph, chain
         self.costs = costs or ChainCosts(graph, chain)
         # Each part of the reference block (a middle one where there is one) is solved
@@ -242,7 +244,7 @@ class ChainSearch:
                     fits = np.flatnonzero(stored + mid.added_bytes + mid.local_bytes <= room)
                     fronts[u, bit | saves].add(stored[fits] + mid.added_bytes, flops[fits] + mid.flops,
                                                np.full(fits.size, len(self.steps) - 1), fits)
-                    if int(stored.min()) + costs.tail_bytes[u] > room:  # the last segment from u cannot fit
+                    if int(np.min(stored)) + costs.tail_bytes[u] > room:  # the last segment from u cannot fit
                         continue
                     end = self._terms(t, u, o, names, True)
                     top = stored + end.added_bytes + max(end.local_bytes, costs.tail_bytes[u])
@@ -266,7 +268,9 @@ class ChainSearch:
             t0, bit0, o0 = self.steps[int(front.step[i])]
             segments.append((t0, t, o0, False))
             t, bit, i = t0, bit0, int(front.point[i])
-        cuts, saved, stored, peak = set(), set(), 0, 0
+        cuts: set[int] = set()
+        saved: set[int] = set()
+        stored, peak = 0, 0
         for t, u, o, before_tail in reversed(segments):
             saved_of = self._saved_of(t, u, o)
             terms = self.costs.segment(t, u, saved_of, o, before_tail, names)

@@ -68,36 +68,36 @@ def choose_saved(graph: ProgramGraph, cap_bytes: int, options: SolverOptions = S
     """
     saveable = saveable_nodes(graph)
     model = cp_model.CpModel()
-    rerun = [model.NewBoolVar(f"r{u.index}") for u in graph.units]
-    save = {n: model.NewBoolVar(f"s{n}") for n in saveable}
+    rerun = [model.new_bool_var(f"r{u.index}") for u in graph.units]
+    save = {n: model.new_bool_var(f"s{n}") for n in saveable}
 
-    def available(n: int) -> list:
+    def available(n: int) -> list[cp_model.IntVar]:
         return [rerun[graph.node_unit[n]], *([save[n]] if n in save else [])]
 
     for n, is_residual in enumerate(graph.residual):
         if is_residual:
-            model.AddBoolOr(available(n))
+            model.add_bool_or(available(n))
     for unit in graph.units:
         for n in unit.inputs:
-            model.AddBoolOr(available(n)).OnlyEnforceIf(rerun[unit.index])
-    model.Add(sum(graph.node_bytes[n] * s for n, s in save.items()) <= max(0, int(cap_bytes)))
+            model.add_bool_or(available(n)).only_enforce_if(rerun[unit.index])
+    model.add(sum(graph.node_bytes[n] * s for n, s in save.items()) <= max(0, int(cap_bytes)))
     # Fewest FLOPs first; among equals, fewest bytes (in quanta, so the weights stay in range).
     quantum = max(1, math.ceil(sum(graph.node_bytes[n] for n in save) / 1000))
     quanta = {n: math.ceil(graph.node_bytes[n] / quantum) for n in save}
     weight = sum(quanta.values()) + 1
     flops = sum(u.flops * r for u, r in zip(graph.units, rerun))
-    model.Minimize(weight * flops + sum(quanta[n] * s for n, s in save.items()))
+    model.minimize(weight * flops + sum(quanta[n] * s for n, s in save.items()))
     for r in rerun:  # start from saving nothing: feasible at any cap
-        model.AddHint(r, True)
+        model.add_hint(r, True)
     for s in save.values():
-        model.AddHint(s, False)
+        model.add_hint(s, False)
     solver = _solver(options)
     status = _run(solver, model, options)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        raise RuntimeError(f"CP-SAT found no saved set for the loop body (status {solver.StatusName(status)}).")
-    chosen = sorted((n for n, s in save.items() if solver.Value(s)), key=lambda n: saveable[n])
-    flops_value = sum(u.flops for u, r in zip(graph.units, rerun) if solver.Value(r))
-    bound = solver.BestObjectiveBound() / weight
+        raise RuntimeError(f"CP-SAT found no saved set for the loop body (status {solver.status_name(status)}).")
+    chosen = sorted((n for n, s in save.items() if solver.value(s)), key=lambda n: saveable[n])
+    flops_value = sum(u.flops for u, r in zip(graph.units, rerun) if solver.value(r))
+    bound = solver.best_objective_bound / weight
     gap = 0.0 if status == cp_model.OPTIMAL or flops_value == 0 else max(0.0, 1 - bound / flops_value)
     return BodyChoice(
         saved=tuple(saveable[n] for n in chosen),

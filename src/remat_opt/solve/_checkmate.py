@@ -159,7 +159,8 @@ def from_program_graph(graph: ProgramGraph) -> CheckmateGraph:
     # The backward, from JAX-style activity analysis of the primal program.
     jaxpr = graph.traced.jaxpr.jaxpr
     active = {v for v, d in zip(jaxpr.invars, graph.traced.differentiable) if d}
-    made_at, active_positions = {}, []
+    made_at: dict[core.Var, int] = {}
+    active_positions: list[int] = []
     for p, eqn in enumerate(jaxpr.eqns):
         reads = [x for x in eqn.invars if isinstance(x, core.Var) and x in active]
         outs = [o for o in eqn.outvars
@@ -169,7 +170,7 @@ def from_program_graph(graph: ProgramGraph) -> CheckmateGraph:
             active_positions.append(p)
         made_at.update((o, p) for o in eqn.outvars)
     back = {p: len(fwd) + r for r, p in enumerate(reversed(active_positions))}
-    flops_at = Counter()
+    flops_at: Counter[int] = Counter()
     for u in units:
         flops_at[u.position] += u.flops if u.index in graph.primal else 0
     for p in reversed(active_positions):
@@ -291,8 +292,9 @@ def _milp(solver: pywraplp.Solver, cg: CheckmateGraph, cap: int, scale: int
         for i in range(t + 1):
             objective.SetCoefficient(R[t][i], cg.cost[i] / scale)
         nxt = S[t + 1] if t + 1 < n else None
-        for i in range(t + 1 if nxt is not None else 0):  # S[t+1,i] <= S[t,i] + R[t,i]
-            row(-inf, 0, (nxt[i], 1), (R[t][i], -1), *([(S[t][i], -1)] if i < t else []))
+        if nxt is not None:
+            for i in range(t + 1):  # S[t+1,i] <= S[t,i] + R[t,i]
+                row(-inf, 0, (nxt[i], 1), (R[t][i], -1), *([(S[t][i], -1)] if i < t else []))
         for v in range(t + 1):  # R[t,v] <= R[t,u] + S[t,u]
             for u in cg.preds[v]:
                 row(-inf, 0, (R[t][v], 1), (R[t][u], -1), (S[t][u], -1))

@@ -40,7 +40,7 @@ from ..memory._fusion import materialized, read_by_backward
 from ..memory._terms import boundary_cotangent_bytes, kept_buffers, remat_bytes, tail_extra_bytes
 from ..memory._transient import held_forward_scratch, transient_bytes
 from .._schedule import Schedule
-from ._partial_terms import PartialTerms
+from ._partial_terms import Expr, PartialTerms
 from ..memory._slots import gradient_slots, slot_candidates, slot_reads
 
 
@@ -86,8 +86,8 @@ class Encoding:
         self.graph = graph
         self._fenced_reads: dict[tuple[int, int], cp_model.IntVar] = {}
         m = self.model = cp_model.CpModel()
-        self.cut = {c: m.NewBoolVar(f"cut{c}") for c in cuts}
-        self.save = {v: m.NewBoolVar(f"save{v}") for v in saves}
+        self.cut = {c: m.new_bool_var(f"cut{c}") for c in cuts}
+        self.save = {v: m.new_bool_var(f"save{v}") for v in saves}
         self._cut_list = sorted(self.cut)
         self.cross = self._crossings()
         self.tail = self._tails()
@@ -96,8 +96,8 @@ class Encoding:
         # (memory._simulate.simulate with planning=True).
         self.any_saved = None
         if self.save:
-            self.any_saved = m.NewBoolVar("any_saved")
-            m.AddMaxEquality(self.any_saved, list(self.save.values()))
+            self.any_saved = m.new_bool_var("any_saved")
+            m.add_max_equality(self.any_saved, list(self.save.values()))
         self.own_output = self._own_outputs()
         self.acc, self.tmax = self._running_sums()
         # Gradient slots, and the buffers that may sit in them (_slots.slot_credit).
@@ -107,7 +107,7 @@ class Encoding:
         self.ends = self._segment_ends()
         self.flops = sum(self.rc[u] * graph.units[u].flops for u in graph.primal)
 
-    def _cuts_between(self, lo: int, hi: int) -> list:
+    def _cuts_between(self, lo: int, hi: int) -> list[cp_model.IntVar]:
         """Cut literals at positions in (lo, hi]."""
         return [self.cut[c] for c in self._cut_list if lo < c <= hi]
 
@@ -121,22 +121,23 @@ class Encoding:
                 continue
             p = g.position_of(v)
             readers = sorted({g.units[u].position for u in g.consumers[v] if g.units[u].position > p})
-            chain, prev, prev_pos = [], None, p
+            chain: list[tuple[int, cp_model.IntVar]] = []
+            prev, prev_pos = None, p
             for q in readers:
                 new = self._cuts_between(prev_pos, q)
                 if not new and prev is None:
                     prev_pos = q
                     continue
-                lit = m.NewBoolVar(f"x{v}_{q}")
+                lit = m.new_bool_var(f"x{v}_{q}")
                 parts = new + ([prev] if prev is not None else [])
-                m.AddMaxEquality(lit, parts)
+                m.add_max_equality(lit, parts)
                 chain.append((q, lit))
                 prev, prev_pos = lit, q
             if chain:
                 cross[v] = chain
         for v, s in self.save.items():
             if v in cross:
-                m.Add(s + cross[v][-1][1] <= 1)  # saving a value that is stored anyway only costs
+                m.add(s + cross[v][-1][1] <= 1)  # saving a value that is stored anyway only costs
         return cross
 
     def _tails(self) -> dict[int, cp_model.IntVar]:
@@ -146,22 +147,22 @@ class Encoding:
         tail: dict[int, cp_model.IntVar] = {}
         later = None
         for c in reversed(self._cut_list):
-            t = m.NewBoolVar(f"tail{c}")
-            parts = [self.cut[c]] + ([later.Not()] if later is not None else [])
-            m.AddBoolOr(parts).OnlyEnforceIf(t.Not())  # not tail => a cut at or after c
-            m.AddImplication(t, self.cut[c].Not())
+            t = m.new_bool_var(f"tail{c}")
+            parts = [self.cut[c]] + ([~later] if later is not None else [])
+            m.add_bool_or(parts).only_enforce_if(~t)  # not tail => a cut at or after c
+            m.add_implication(t, ~self.cut[c])
             if later is not None:
-                m.AddImplication(t, later)
+                m.add_implication(t, later)
             tail[c] = t
             later = t
         return tail
 
-    def in_tail(self, p: int) -> object:
+    def in_tail(self, p: int) -> cp_model.IntVar | int:
         """1 when position ``p`` lies in the last segment (a literal, or the constant 1)."""
         nxt = next((c for c in self._cut_list if c > p), None)
         return 1 if nxt is None else self.tail[nxt]
 
-    def _available(self, v: int) -> list:
+    def _available(self, v: int) -> list[cp_model.IntVar | int]:
         """The literals under which a residual ``v`` is at hand in the backward: stored
         across a cut, saved by name, or computed in the last segment."""
         g = self.graph
@@ -172,13 +173,13 @@ class Encoding:
         """Per unit, a literal that is 1 when its segment's backward recomputes it: every
         residual not at hand, and every input of a recomputed unit not at hand."""
         g, m = self.graph, self.model
-        rc = {u.index: m.NewBoolVar(f"rc{u.index}") for u in g.units}
+        rc = {u.index: m.new_bool_var(f"rc{u.index}") for u in g.units}
         for v in range(g.num_nodes):
             if g.residual[v]:
-                m.Add(rc[g.node_unit[v]] + sum(self._available(v)) >= 1)
+                m.add(rc[g.node_unit[v]] + sum(self._available(v)) >= 1)
         for u in g.units:
             for w in u.inputs:
-                m.Add(rc[g.node_unit[w]] + sum(self._available(w)) >= rc[u.index])
+                m.add(rc[g.node_unit[w]] + sum(self._available(w)) >= rc[u.index])
         return rc
 
     def _own_outputs(self) -> dict[int, cp_model.IntVar]:
@@ -190,55 +191,56 @@ class Encoding:
             if read_by_backward(g, v):
                 continue
             fenced = [f for f in (self._crosses_before_tail(v, q, lit) for q, lit in chain) if f is not None]
-            kept = m.NewBoolVar(f"own{v}")
+            kept = m.new_bool_var(f"own{v}")
             for u in set(g.consumers[v]):
-                m.Add(kept >= self.rc[u] + chain[-1][1] - 1 - sum(fenced))
+                m.add(kept >= self.rc[u] + chain[-1][1] - 1 - sum(fenced))
             own[v] = kept
         return own
 
-    def _running_sums(self) -> tuple[list, list]:
+    def _running_sums(self) -> tuple[list[cp_model.IntVar], list[cp_model.IntVar]]:
         """Per position, the bytes its segment's backward has rematerialized (and copied
         into another layout) so far, and its largest transient so far: running sums
         and maxima over positions, reset where a segment starts."""
         g, m = self.graph, self.model
-        no_names = [self.any_saved.Not()] if self.any_saved is not None else []
+        no_names = [~self.any_saved] if self.any_saved is not None else []
         by_pos: list[list[int]] = [[] for _ in range(g.num_positions)]
-        for u in g.units:
-            by_pos[u.position].append(u.index)
+        for unit in g.units:
+            by_pos[unit.position].append(unit.index)
         relayout = self._relayout_terms()
         big = 2 * sum(g.node_bytes) + 1
         kept = kept_buffers(g)
-        accs, tmaxes = [], []
+        accs: list[cp_model.IntVar] = []
+        tmaxes: list[cp_model.IntVar] = []
         for p in range(g.num_positions):
             local = sum(self.rc[u] * remat_bytes(g, u, kept) for u in by_pos[p]) + sum(relayout[p])
             t_here = max((transient_bytes(g, u) for u in by_pos[p]), default=0)
-            acc = m.NewIntVar(0, big, f"acc{p}")
-            tmax = m.NewIntVar(0, big, f"tmax{p}")
-            m.Add(acc >= local)
-            m.Add(tmax >= t_here)
+            acc = m.new_int_var(0, big, f"acc{p}")
+            tmax = m.new_int_var(0, big, f"tmax{p}")
+            m.add(acc >= local)
+            m.add(tmax >= t_here)
             last_here = self.in_tail(p)  # behind a fence unless in the last segment
             for u in by_pos[p]:
                 recomputed_here = transient_bytes(g, u, recomputed=True)
                 if recomputed_here > t_here:
-                    m.Add(tmax >= recomputed_here).OnlyEnforceIf([self.rc[u], *no_names])
+                    m.add(tmax >= recomputed_here).only_enforce_if([self.rc[u], *no_names])
                 fenced_bytes = transient_bytes(g, u, fenced=True)  # a transpose's forward scratch
                 if fenced_bytes > t_here and not isinstance(last_here, int):
-                    m.Add(tmax >= fenced_bytes).OnlyEnforceIf(last_here.Not())
+                    m.add(tmax >= fenced_bytes).only_enforce_if(~last_here)
             if p > 0:
-                enforce = [self.cut[p].Not()] if p in self.cut else []
-                m.Add(acc >= accs[p - 1] + local).OnlyEnforceIf(enforce)
-                m.Add(tmax >= tmaxes[p - 1]).OnlyEnforceIf(enforce)
+                enforce = [~self.cut[p]] if p in self.cut else []
+                m.add(acc >= accs[p - 1] + local).only_enforce_if(enforce)
+                m.add(tmax >= tmaxes[p - 1]).only_enforce_if(enforce)
             accs.append(acc)
             tmaxes.append(tmax)
         return accs, tmaxes
 
-    def _segment_ends(self) -> list[tuple[int, cp_model.LinearExpr, list]]:
+    def _segment_ends(self) -> list[tuple[int, Expr, list[cp_model.IntVar]]]:
         """The peak at each segment's end, ``(position, expression, enforced when)``: at
         ``c - 1`` for each cut candidate ``c`` (when it is cut), at the program's end,
         and, with gradient partials summed at the end, the step's end."""
         g = self.graph
         n = g.num_positions
-        out: list[tuple[int, cp_model.LinearExpr, list]] = []
+        out: list[tuple[int, Expr, list[cp_model.IntVar]]] = []
         base = g.input_bytes + g.output_bytes
         ends = [c - 1 for c in self._cut_list] + [n - 1]
         partials = PartialTerms(g, self.model, self.cut, self.in_tail, ends)  # gradient partials summed at the end
@@ -253,11 +255,11 @@ class Encoding:
             out.append((n - 1, base + partials.at_end(), []))
         return out
 
-    def _relayout_terms(self) -> list[list]:
+    def _relayout_terms(self) -> list[list[Expr]]:
         """Per position, the relayout copies its segment's backward makes
         (:func:`remat_opt.memory._terms.relayout_bytes`, spread over reading positions)."""
         g = self.graph
-        terms: list[list] = [[] for _ in range(g.num_positions)]
+        terms: list[list[Expr]] = [[] for _ in range(g.num_positions)]
         if not g.transposed:
             return terms
         for v in range(g.num_nodes):
@@ -278,26 +280,26 @@ class Encoding:
         if isinstance(tail, int):
             return None
         if (v, q) not in self._fenced_reads:
-            both = self.model.NewBoolVar(f"fenced{v}_{q}")
-            self.model.AddBoolAnd([lit, tail.Not()]).OnlyEnforceIf(both)
-            self.model.AddBoolOr([lit.Not(), tail, both])
+            both = self.model.new_bool_var(f"fenced{v}_{q}")
+            self.model.add_bool_and([lit, ~tail]).only_enforce_if(both)
+            self.model.add_bool_or([~lit, tail, both])
             self._fenced_reads[v, q] = both
         return self._fenced_reads[v, q]
 
-    def _stored_at(self, e: int) -> cp_model.LinearExpr:
+    def _stored_at(self, e: int) -> Expr:
         """Bytes of distinct stored buffers live at the end position ``e``.
 
         At the program's end that includes the last segment's own residuals."""
         g = self.graph
-        live: dict[int, list] = {}
-        total = 0
+        live: dict[int, list[cp_model.IntVar]] = {}
+        total: Expr = 0
         if e == g.num_positions - 1:
             tail_buffers = set()
             for v in range(g.num_nodes):
                 if materialized(g, v) and not g.is_output[v]:  # residuals and held sources
                     lit = self.in_tail(g.position_of(v))
                     if isinstance(lit, int):
-                        lit = self.model.NewConstant(1)
+                        lit = self.model.new_constant(1)
                     live.setdefault(g.buffer[v], []).append(lit)
                     tail_buffers.add(g.buffer[v])
             for b in sorted(tail_buffers - {-1}):  # calibrated storage of code run as written
@@ -305,7 +307,8 @@ class Encoding:
             for u in g.units:  # and its transposes' forward scratch
                 if held_forward_scratch(g, u.index):
                     total += held_forward_scratch(g, u.index) * self.in_tail(u.position)
-        crossing: dict[int, list] = {}  # buffer -> literals: a value laid over it is stored across a cut
+        # buffer -> literals: a value laid over it is stored across a cut
+        crossing: dict[int, list[cp_model.IntVar]] = {}
         for v, chain in self.cross.items():
             lits = [lit for q, lit in chain if q <= e]
             if not lits:
@@ -314,12 +317,12 @@ class Encoding:
                 # Into the last segment, which runs as written, a value the
                 # backward does not read dies in the forward: it is live at the
                 # end only if it crosses into a reader in a fenced segment.
-                lits = [self._crosses_before_tail(v, q, lit) for q, lit in chain]
-                lits = [lit for lit in lits if lit is not None]
+                fenced = [self._crosses_before_tail(v, q, lit) for q, lit in chain]
+                lits = [lit for lit in fenced if lit is not None]
                 if not lits:
                     continue
-                lit = self.model.NewBoolVar(f"kept{v}")
-                self.model.AddMaxEquality(lit, lits)
+                lit = self.model.new_bool_var(f"kept{v}")
+                self.model.add_max_equality(lit, lits)
                 lits = [lit]
             live.setdefault(g.buffer[v], []).append(lits[-1])
             crossing.setdefault(g.buffer[v], []).append(lits[-1])
@@ -335,12 +338,12 @@ class Encoding:
             if len(lits) == 1:
                 lit = lits[0]
             else:
-                lit = self.model.NewBoolVar(f"buf{b}_{e}")
-                self.model.AddMaxEquality(lit, lits)
+                lit = self.model.new_bool_var(f"buf{b}_{e}")
+                self.model.add_max_equality(lit, lits)
             total += g.node_bytes[b] * lit
         return total - self._slot_credit(e, crossing)
 
-    def _slot_credit(self, e: int, crossing: dict[int, list]) -> cp_model.LinearExpr:
+    def _slot_credit(self, e: int, crossing: dict[int, list[cp_model.IntVar]]) -> Expr:
         """Stored bytes laid over free gradient slots at the end position ``e``
         (:func:`remat_opt.memory._slots.slot_credit`).
 
@@ -352,25 +355,25 @@ class Encoding:
         credit equal the simulator's matching.
         """
         g, m = self.graph, self.model
-        items: dict[int, list[tuple[int, object]]] = {}
+        items: dict[int, list[tuple[int, cp_model.IntVar]]] = {}
         for b, position in self.slot_candidates.items():
             if b in crossing:
-                y = m.NewBoolVar(f"slot{b}_{e}")
-                m.Add(y <= sum(crossing[b]))
+                y = m.new_bool_var(f"slot{b}_{e}")
+                m.add(y <= sum(crossing[b]))
                 if self.any_saved is not None:
-                    m.AddImplication(y, self.any_saved.Not())
+                    m.add_implication(y, ~self.any_saved)
                 items.setdefault(g.node_bytes[b], []).append((position, y))
-        credit = 0
+        credit: Expr = 0
         for size, listed in items.items():
             reads = self.slot_reads[size]
             listed.sort(key=lambda item: item[0])
             for k, (position, _) in enumerate(listed):
                 if k + 1 == len(listed) or listed[k + 1][0] != position:
-                    m.Add(sum(y for _, y in listed[: k + 1]) <= bisect.bisect_left(reads, position))
+                    m.add(sum(y for _, y in listed[: k + 1]) <= bisect.bisect_left(reads, position))
             credit += size * sum(y for _, y in listed)
         return credit
 
     def schedule(self, solver: cp_model.CpSolver) -> Schedule:
-        cuts = frozenset(c for c, x in self.cut.items() if solver.Value(x))
-        saved = frozenset(v for v, x in self.save.items() if solver.Value(x))
+        cuts = frozenset(c for c, x in self.cut.items() if solver.value(x))
+        saved = frozenset(v for v, x in self.save.items() if solver.value(x))
         return Schedule(cuts=cuts, saved=saved)

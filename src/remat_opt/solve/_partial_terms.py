@@ -27,21 +27,25 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
+from typing import TypeAlias
 
 from ortools.sat.python import cp_model
 
 from ..program._graph import ProgramGraph, aval_bytes
+
+Expr: TypeAlias = cp_model.LinearExpr | int
+"""A CP-SAT linear expression, or a constant (a sum of no terms is ``0``)."""
 
 
 class PartialTerms:
     """Per summed weight, the literals above; :meth:`at` gives an end's bytes."""
 
     def __init__(self, graph: ProgramGraph, model: cp_model.CpModel,
-                 cut: dict[int, cp_model.IntVar], in_tail: Callable[[int], object],
+                 cut: dict[int, cp_model.IntVar], in_tail: Callable[[int], cp_model.IntVar | int],
                  ends: list[int]):
         self._model = model
         # Per summed weight: its bytes, its readers (position, count, tail, g), its running counts.
-        self._weights: list[tuple[int, list[tuple[int, int, object, object]], dict]] = []
+        self._weights: list[tuple[int, list[tuple[int, int, Expr, Expr]], dict[int, cp_model.IntVar]]] = []
         if not graph.summed_at_end:
             return
         invars = graph.traced.jaxpr.jaxpr.invars
@@ -51,16 +55,17 @@ class PartialTerms:
             if not summed:
                 continue
             count = Counter(graph.units[u].position for u in graph.input_readers[k])
-            readers = []  # (position, readers there, tail literal or 1, g literal or 0)
+            # (position, readers there, tail literal or 1, g literal or 0)
+            readers: list[tuple[int, int, Expr, Expr]] = []
             prev = -1
             for q in sorted(count):
                 tail = in_tail(q)
-                g: object = 0
+                g: Expr = 0
                 if not isinstance(tail, int):
-                    g = model.NewBoolVar(f"pg{k}_{q}")
-                    starts = [cut[c] for c in cut_list if prev < c <= q] if prev >= 0 else [1]
+                    g = model.new_bool_var(f"pg{k}_{q}")
+                    starts: list[Expr] = [cut[c] for c in cut_list if prev < c <= q] if prev >= 0 else [1]
                     for s in starts:
-                        model.Add(g >= s - tail)
+                        model.add(g >= s - tail)
                 readers.append((q, count[q], tail, g))
                 prev = q
             self._weights.append((aval_bytes(invars[k].aval), readers,
@@ -75,33 +80,33 @@ class PartialTerms:
         counts: dict[int, cp_model.IntVar] = {}
         prev = None
         for p in events:
-            c = m.NewIntVar(0, total, f"pc{k}_{p}")
-            m.Add(c >= count.get(p, 0))
+            c = m.new_int_var(0, total, f"pc{k}_{p}")
+            m.add(c >= count.get(p, 0))
             if prev is not None:
-                m.Add(c >= count.get(p, 0) + prev).OnlyEnforceIf([cut[p].Not()] if p in cut else [])
+                m.add(c >= count.get(p, 0) + prev).only_enforce_if([~cut[p]] if p in cut else [])
             counts[p] = c
             prev = c
         return {e: counts[e] for e in ends}
 
-    def at(self, e: int, last: bool) -> cp_model.LinearExpr:
+    def at(self, e: int, last: bool) -> Expr:
         """Bytes of partials held while the segment ending at ``e`` runs its
         backward: a fenced one (a cut at ``e + 1``), or the last (``last``)."""
-        total = 0
+        total: Expr = 0
         for size, readers, counts in self._weights:
-            later = 0 if last else sum(n * tail + g for q, n, tail, g in readers if q > e)
+            later: Expr = 0 if last else sum(n * tail + g for q, n, tail, g in readers if q > e)
             total += self._positive(size, later + counts[e] - 1, 2 * sum(r[1] for r in readers))
         return total
 
-    def at_end(self) -> cp_model.LinearExpr:
+    def at_end(self) -> Expr:
         """Bytes of partials held at the end of the step, above inputs and outputs."""
         return sum(self._positive(size, sum(n * tail + g for _, n, tail, g in readers) - 1,
                                   2 * sum(r[1] for r in readers))
                    for size, readers, _ in self._weights)
 
-    def _positive(self, size: int, count: cp_model.LinearExpr, most: int) -> cp_model.IntVar:
+    def _positive(self, size: int, count: Expr, most: int) -> cp_model.IntVar:
         """``size * max(0, count)`` (from below), for a count below ``most``."""
-        h = self._model.NewIntVar(0, size * most, "ph")
-        self._model.Add(h >= size * count)
+        h = self._model.new_int_var(0, size * most, "ph")
+        self._model.add(h >= size * count)
         return h
 
     def __bool__(self) -> bool:

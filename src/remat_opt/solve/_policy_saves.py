@@ -24,9 +24,10 @@ def dot_names(graph: ProgramGraph, batch_dims: bool = True) -> frozenset[int]:
     eqns = graph.traced.jaxpr.jaxpr.eqns
     out = set()
     for unit in graph.units:
-        if unit.primitive != "name" or not unit.name or parse_value_name(unit.name) is None:
+        parsed = parse_value_name(unit.name) if unit.primitive == "name" and unit.name else None
+        if parsed is None:
             continue
-        eqn = eqns[parse_value_name(unit.name)[0]]
+        eqn = eqns[parsed[0]]
         if eqn.primitive.name != "dot_general":
             continue
         (_, _), (lhs_batch, _) = eqn.params["dimension_numbers"]

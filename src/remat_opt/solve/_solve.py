@@ -129,21 +129,24 @@ def _solver(options: SolverOptions) -> cp_model.CpSolver:
 logger = logging.getLogger("remat_opt")
 
 
-def _run(solver: cp_model.CpSolver, model: cp_model.CpModel, options: SolverOptions) -> int:
+def _run(solver: cp_model.CpSolver, model: cp_model.CpModel, options: SolverOptions
+         ) -> cp_model.CpSolverStatus:
     """Solves ``model``, reporting a search the wall clock stopped.
 
     The deterministic limit makes a time-out repeatable; the wall-clock cap is
     a safety net. When the cap stops a search first (a loaded machine), the
     plan may differ from run to run, and the log says so.
     """
-    status = solver.Solve(model)
+    status = solver.solve(model)
     # Short of a proof, the search stopped on a limit: if not on the deterministic
     # one, on the wall clock (whose own reading can fall a hair short of its cap).
+    # (Read off the response: ortools 9.12's CpSolver has no ``deterministic_time``.)
     proved = status in (cp_model.OPTIMAL, cp_model.INFEASIBLE)
-    if not proved and solver.deterministic_time < options.deterministic_time_limit:
+    if not proved and solver.response_proto.deterministic_time < options.deterministic_time_limit:
         logger.warning("CP-SAT stopped on its wall-clock cap (%.0f s) after %.1f of %.1f deterministic seconds: "
                        "this plan may differ from run to run. Raise SolverOptions.time_limit_s.",
-                       options.time_limit_s, solver.deterministic_time, options.deterministic_time_limit)
+                       options.time_limit_s, solver.response_proto.deterministic_time,
+                       options.deterministic_time_limit)
     return status
 
 
@@ -163,10 +166,10 @@ def min_peak_schedule(graph: ProgramGraph, options: SolverOptions = SolverOption
     cuts = cut_candidates(graph, options.max_cut_candidates, best_start.cuts)
     enc = Encoding(graph, cuts, save_candidates(graph))
     m = enc.model
-    peak = m.NewIntVar(0, sum(graph.node_bytes) * 4 + graph.input_bytes + graph.output_bytes, "peak")
+    peak = m.new_int_var(0, sum(graph.node_bytes) * 4 + graph.input_bytes + graph.output_bytes, "peak")
     for _, expr, enforce in enc.ends:
-        m.Add(peak >= expr).OnlyEnforceIf(enforce)
-    m.Minimize(peak)
+        m.add(peak >= expr).only_enforce_if(enforce)
+    m.minimize(peak)
     _hint(enc, best_start)
     solver = _solver(options)
     status = _run(solver, m, options)
@@ -220,9 +223,10 @@ def solve(graph: ProgramGraph, budget_bytes: int, options: SolverOptions = Solve
     if whole_graph is None:
         whole_graph = graph.num_positions <= WHOLE_GRAPH_POSITIONS
     if decomposed is not None and not whole_graph:
+        assert incumbent is not None  # the decomposition's plan, or a cheaper start
         objective = simulate(graph, incumbent).recompute_flops
-        status, gap = ("OPTIMAL", 0.0) if objective == 0 else ("FEASIBLE", 1.0)
-        return Solution(incumbent, status, objective, 0.0, gap, time.perf_counter() - start, "blocks")
+        verdict, gap = ("OPTIMAL", 0.0) if objective == 0 else ("FEASIBLE", 1.0)
+        return Solution(incumbent, verdict, objective, 0.0, gap, time.perf_counter() - start, "blocks")
     if incumbent is not None and incumbent.cuts and options.first_stage_share > 0:
         share = options.first_stage_share
         first = replace(options, time_limit_s=share * options.time_limit_s,
@@ -240,10 +244,10 @@ def solve(graph: ProgramGraph, budget_bytes: int, options: SolverOptions = Solve
     if found is None and incumbent is None:
         lowest = min_peak_schedule(graph, options)
         detail = "" if status == cp_model.INFEASIBLE else (
-            f"CP-SAT stopped with {solver.StatusName(status)} before finding a schedule.")
+            f"CP-SAT stopped with {solver.status_name(status)} before finding a schedule.")
         raise InfeasibleBudgetError(budget_bytes, simulate(graph, lowest, planning=True).peak_bytes, detail,
                                     schedule=lowest)
-    bound = max(0.0, float(solver.BestObjectiveBound()))
+    bound = max(0.0, float(solver.best_objective_bound))
     if found is None or (
         incumbent is not None
         and simulate(graph, incumbent).recompute_flops < simulate(graph, found).recompute_flops
@@ -251,11 +255,12 @@ def solve(graph: ProgramGraph, budget_bytes: int, options: SolverOptions = Solve
         # The search stopped before it matched its starting point (large graphs
         # under the deterministic limit): the start is the best feasible plan.
         found, status = incumbent, cp_model.FEASIBLE
+    assert found is not None  # found nothing and had no start: raised above
     objective = simulate(graph, found).recompute_flops
     gap = 0.0 if status == cp_model.OPTIMAL or objective == 0 else max(0.0, (objective - bound) / objective)
     return Solution(
         schedule=found,
-        status=solver.StatusName(status),
+        status=solver.status_name(status),
         objective_flops=objective,
         bound_flops=bound,
         gap=gap,
@@ -268,8 +273,8 @@ def _budget_model(graph: ProgramGraph, budget_bytes: int, cuts: tuple[int, ...])
     """The model of :func:`solve` over cut candidates ``cuts``: least recompute within the budget."""
     enc = Encoding(graph, cuts, save_candidates(graph))
     for _, expr, enforce in enc.ends:
-        enc.model.Add(expr <= budget_bytes).OnlyEnforceIf(enforce)
-    enc.model.Minimize(enc.flops)
+        enc.model.add(expr <= budget_bytes).only_enforce_if(enforce)
+    enc.model.minimize(enc.flops)
     return enc
 
 
@@ -308,6 +313,6 @@ def _incumbent(graph: ProgramGraph, budget_bytes: int) -> Schedule | None:
 
 def _hint(enc: Encoding, schedule: Schedule) -> None:
     for c, x in enc.cut.items():
-        enc.model.AddHint(x, c in schedule.cuts)
+        enc.model.add_hint(x, c in schedule.cuts)
     for v, x in enc.save.items():
-        enc.model.AddHint(x, v in schedule.saved)
+        enc.model.add_hint(x, v in schedule.saved)
