@@ -65,11 +65,14 @@ def optimize(
             gradients. Measured on the zoo GPT's and U-Net's plans, 0-11%
             lower peaks (jax 0.10.2, XLA:CPU). ``False`` leaves XLA to
             duplicate them as it likes.
-        xla_facts: where the program uses primitives no rule of the memory
-            model names, compile it once more with XLA's dump on and take
-            what XLA did with their values (:mod:`remat_opt.memory._compiled`).
-            ``False`` guesses instead (as materialized) and warns
-            (:class:`UnknownPrimitiveWarning`).
+        xla_facts: compile the program as written once more, with XLA's
+            dump on, and read what the memory model takes from XLA
+            (:mod:`remat_opt.memory._compiled`): what XLA did with the values
+            of primitives no rule of the model names, the gradients it sums
+            from partials held to the end, each transpose's scratch.
+            ``False`` skips that compile: those values are guessed (as
+            materialized) with a warning (:class:`UnknownPrimitiveWarning`),
+            and the rest is left out.
         cache: keep plans on disk and load them in later processes
             (:mod:`remat_opt._cache`): ``True`` for ``$REMAT_OPT_CACHE_DIR``, else
             ``~/.cache/remat_opt``; a folder; or ``False`` to plan every process
