@@ -47,7 +47,7 @@ def test_another_program_or_compiler_compiles_again(compiles, monkeypatch):
 
 
 def test_kept_figures_are_bounded(compiles, monkeypatch):
-    monkeypatch.setattr(_compiles, "KEPT", 2)
+    monkeypatch.setattr(_compiles, "KEPT", 4)  # two programs: each keeps its peak, and that as figures only
     w = jnp.ones((16, 16))
     for n in (1, 2, 3):
         peak_bytes(loss, w, jnp.ones((n, 16)))
@@ -73,3 +73,19 @@ def test_a_compile_for_facts_also_answers_for_the_peak(compiles):
     assert measure(lambda w, x: jnp.sum(jnp.sin(x @ w))) > 0 and len(compiles) == 2  # another, compiled
     # The facts' figure is not the default compile's: remat_opt.peak_bytes compiles as jax.jit does.
     assert peak_bytes(loss, w, x) == facts.peak_bytes and len(compiles) == 3
+
+
+def test_the_peak_as_jit_compiles_answers_a_later_figures_only_ask(compiles):
+    """A user's peak_bytes of the function as written is the only compile of it: optimize's
+    figures-only measure of the same module takes the judge's own figure."""
+    from remat_opt._mesh import measurer
+
+    w, x = jnp.ones((32, 32)), jnp.ones((8, 32))
+    plain = peak_bytes(loss, w, x)
+    measure = measurer((w, x), {}, 0, False, None, figures_only=True)
+    assert measure(loss) == plain and len(compiles) == 1
+    verify = measurer((w, x), {}, 0, False, None)  # as jax.jit compiles: the figure kept by peak_bytes
+    assert verify(loss) == plain and len(compiles) == 1
+    other = lambda w, x: jnp.sum(jnp.sin(x @ w))  # noqa: E731
+    figures_only = measure(other)  # a figures-only figure never answers for the judge's
+    assert peak_bytes(other, w, x) == figures_only and len(compiles) == 3

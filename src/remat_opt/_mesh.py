@@ -18,7 +18,7 @@ import jax
 
 from ._errors import InfeasibleBudgetError
 from ._plan import Plan
-from .memory._compiles import PEAK, PEAK_FIGURES_ONLY, compile_for_figures, compiled_figures
+from .memory._compiles import PEAK_FIGURES_ONLY, compile_for_figures, compiled_figures, peak_as_jit_compiles
 from .memory._measure import memory_of, traced_step
 from .memory._sharded import Partitioned, collective_bytes, collective_decisions
 from .program._cost import Interconnect
@@ -52,7 +52,8 @@ def measurer(args: tuple, kwargs: dict, nums: Any, has_aux: bool, collectives: d
     def measure(f: Callable[..., Any]) -> int:
         lowered = traced_step(f, args, kwargs, nums, has_aux).lower()
         if collectives is None:
-            return compiled_figures(lowered, PEAK_FIGURES_ONLY if figures_only else PEAK, peak)
+            return compiled_figures(lowered, PEAK_FIGURES_ONLY, peak) if figures_only else \
+                peak_as_jit_compiles(lowered, peak)
         figure, collectives[id(f)] = compiled_figures(lowered, "peak and collectives" + suffix, peak_and_collectives)
         measured.append(f)
         return figure

@@ -45,7 +45,7 @@ from ._budget import format_bytes, parse_bytes
 from ._errors import InfeasibleBudgetError, InvalidOptionError, InvalidOptionTypeError
 from ._optimize import OptimizedFunction
 from ._plan import Plan, measured_peak_of
-from .memory._compiles import PEAK, compiled_figures
+from .memory._compiles import peak_as_jit_compiles
 from .memory._measure import abstract, memory_of, peak_bytes
 
 logger = logging.getLogger("remat_opt")
@@ -198,7 +198,7 @@ def step_peak_bytes(make_step: Callable[..., Any], loss: Callable[..., Any], ste
     """XLA's peak for ``jax.jit(make_step(loss), donate_argnums=...)`` on ``step_args``:
     argument + output + temp − alias bytes (donated arguments are aliased)."""
     lowered = jax.jit(make_step(loss), donate_argnums=donate_argnums).lower(*step_args)
-    return compiled_figures(lowered, PEAK, lambda low: memory_of(low.compile()))
+    return peak_as_jit_compiles(lowered, lambda low: memory_of(low.compile()))
 
 
 def _donate_argnums(donate_argnums: Any, num_args: int) -> tuple[int, ...]:

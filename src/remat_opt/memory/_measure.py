@@ -37,7 +37,7 @@ from ..program._static import (
     split,
 )
 from ..program._trace import normalize_argnums
-from ._compiles import PEAK, compiled_figures
+from ._compiles import peak_as_jit_compiles
 
 
 def abstract(tree: Any) -> Any:
@@ -136,7 +136,7 @@ def peak_bytes(
     """XLA's peak for one gradient step of ``fn``, as :func:`remat_opt.peak_bytes` reads it,
     on arguments already checked."""
     lowered = traced_step(fn, args, kwargs, argnums, has_aux).lower()
-    return compiled_figures(lowered, PEAK, lambda low: memory_of(low.compile()))  # once per distinct program
+    return peak_as_jit_compiles(lowered, lambda low: memory_of(low.compile()))  # once per distinct program
 
 
 def memory_of(compiled: Any) -> int:
