@@ -5,7 +5,10 @@ import jax.numpy as jnp
 import pytest
 
 from remat_opt import peak_bytes
+from remat_opt._mesh import measurer
 from remat_opt.memory import _compiles
+from remat_opt.memory._compiled import read_compiled
+from remat_opt.memory._measure import gradient_step
 
 
 @pytest.fixture
@@ -60,10 +63,6 @@ def test_kept_figures_are_bounded(compiles, monkeypatch):
 
 def test_a_compile_for_facts_also_answers_for_the_peak(compiles):
     """The program read for XLA's facts is not compiled again when a candidate lowers to it."""
-    from remat_opt._mesh import measurer
-    from remat_opt.memory._compiled import read_compiled
-    from remat_opt.memory._measure import gradient_step
-
     w, x = jnp.ones((32, 32)), jnp.ones((8, 32))
     step, step_args, step_kwargs = gradient_step(loss, (w, x), {}, 0, False)
     facts = read_compiled(step, *step_args, **step_kwargs)
@@ -78,8 +77,6 @@ def test_a_compile_for_facts_also_answers_for_the_peak(compiles):
 def test_the_peak_as_jit_compiles_answers_a_later_figures_only_ask(compiles):
     """A user's peak_bytes of the function as written is the only compile of it: optimize's
     figures-only measure of the same module takes the judge's own figure."""
-    from remat_opt._mesh import measurer
-
     w, x = jnp.ones((32, 32)), jnp.ones((8, 32))
     plain = peak_bytes(loss, w, x)
     measure = measurer((w, x), {}, 0, False, None, figures_only=True)
