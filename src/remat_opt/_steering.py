@@ -32,7 +32,7 @@ from ._plan import Plan, measured_flops_of
 from ._schedule import Schedule, Simulation
 from .memory._simulate import simulate
 from .program._graph import ProgramGraph
-from .solve._solve import SolverClock, SolverOptions, low_memory_schedules, min_peak_schedule, solve
+from .solve._solve import Solution, SolverClock, SolverOptions, low_memory_schedules, min_peak_schedule, solve
 
 logger = logging.getLogger("remat_opt")
 
@@ -105,66 +105,110 @@ def steered_plan(graph: ProgramGraph, budget: int, ceiling_flops: int | None, cl
     return lowest_memory_plan(graph, budget, ceiling_flops, clock, steering, search)
 
 
+@dataclasses.dataclass
+class _Target:
+    """The next solve's target, and what XLA's measurements of earlier plans say about it."""
+
+    value: int
+    best: int = 0  # the target of the fitting plan in hand
+    over: int | None = None  # the least target whose plan XLA put over
+    # per plan XLA put over: its prediction, and its overshoot plus the margin
+    below: dict[Schedule, tuple[int, int]] = dataclasses.field(default_factory=dict)
+
+    def under_prediction(self, schedule: Schedule) -> bool:
+        """For a plan XLA put over, returned again (the model predicted it so far under
+        the target that tightening did not exclude it): the target goes under its
+        prediction (or under the target, should CP-SAT's planning model count it
+        lower still) by the overshoot and margin. False for any other plan."""
+        if schedule not in self.below:
+            return False
+        predicted, step = self.below[schedule]
+        self.value = min(predicted, self.value) - step
+        return True
+
+    def tighten(self, schedule: Schedule, predicted: int, step: int, fitting: bool) -> None:
+        """Under the target by ``step``, after XLA put ``schedule`` over; with a plan
+        ``fitting`` already, no lower than halfway to that plan's target."""
+        self.over = self.value if self.over is None else min(self.over, self.value)
+        self.below[schedule] = predicted, step
+        self.value -= step
+        if fitting:
+            self.value = max(self.value, (self.best + self.over) // 2)
+
+    def loosen(self, error: int) -> None:
+        """Over the target by the model's over-prediction ``error``, but no higher
+        than halfway to the least target XLA put a plan over."""
+        self.value += error
+        if self.over is not None:
+            self.value = min(self.value, (self.best + self.over) // 2)
+
+
 def _steer(graph: ProgramGraph, budget: int, ceiling_flops: int | None, clock: SolverClock,
            steering: Steering) -> _Search:
     """Solves under a target that XLA's measurements move, as the module says."""
-    search, target = _Search(), budget
-    best_target, over_target = 0, None  # the fitting plan's target; the least target XLA put over
+    search, target = _Search(), _Target(budget)
     seen: set[Schedule] = set()
-    below: dict[Schedule, tuple[int, int]] = {}  # per plan XLA put over: its prediction, the overshoot + margin
     for attempt in range(1, steering.max_attempts + 1):
         search.solves = attempt
-        started = time.perf_counter()
-        try:
-            solution = solve(graph, target, steering.options)
-        except InfeasibleBudgetError as err:
-            search.seconds += clock.add(time.perf_counter() - started)  # the lowest-memory search, inside
-            search.lowest = err.schedule
+        solution = _solved(graph, target.value, clock, steering, search)
+        if solution is None:
             break  # nothing under the target in the model: XLA may still take the lowest-memory schedule
-        search.seconds += clock.add(solution.solve_seconds)
-        search.bound = search.bound or solution.bound_flops
-        logger.info("solve %d/%d: target %s, %s in %.1fs, %s FLOPs recomputed (bound %.0f)", attempt,
-                    steering.max_attempts, format_bytes(target), solution.status, solution.solve_seconds,
-                    f"{solution.objective_flops:,}", solution.bound_flops)
         if ceiling_flops is not None and solution.objective_flops >= ceiling_flops:
             search.above_ceiling = True
             break
         if solution.schedule in seen:
-            if search.best is not None or solution.schedule not in below:
+            if search.best is not None or not target.under_prediction(solution.schedule):
                 break  # the target moved, the plan did not
-            # XLA put this plan over, and the model predicted it so far under the target
-            # that tightening the target did not exclude it: go under its prediction instead
-            # (and under the target, should CP-SAT's planning model count it lower still).
-            predicted, step = below[solution.schedule]
-            target = min(predicted, target) - step
             continue
         seen.add(solution.schedule)
-        program = steering.program(solution.schedule)
-        sim = simulate(graph, solution.schedule)
-        measured = steering.measure(program)
-        logger.info("measured on XLA: %s against a budget of %s (predicted %s)", format_bytes(measured),
-                    format_bytes(budget), format_bytes(sim.peak_bytes))
-        if measured <= budget:
-            plan = steering.finish(sim, solution.schedule, measured, program, solution.status, solution.gap,
-                                   search.seconds, attempt)
-            if search.best is None or measured_flops_of(plan[0]) < measured_flops_of(search.best[0]):
-                search.best, best_target = plan, target
-            over_predicted = sim.peak_bytes - measured  # the model's error on this program, here
-            if solution.objective_flops == 0 or over_predicted <= budget * steering.relax_slack:
-                break
-            target += over_predicted
-            if over_target is not None:
-                target = min(target, (best_target + over_target) // 2)
-            continue
-        over_target = target if over_target is None else min(over_target, target)
+        if not _measured(graph, budget, solution, target, steering, search):
+            break
+    return search
+
+
+def _solved(graph: ProgramGraph, target: int, clock: SolverClock, steering: Steering,
+            search: _Search) -> Solution | None:
+    """CP-SAT's schedule under ``target``, its time and bound counted in ``search``; ``None``
+    when the model has none (``search.lowest``: the lowest-memory schedule it found)."""
+    started = time.perf_counter()
+    try:
+        solution = solve(graph, target, steering.options)
+    except InfeasibleBudgetError as err:
+        search.seconds += clock.add(time.perf_counter() - started)  # the lowest-memory search, inside
+        search.lowest = err.schedule
+        return None
+    search.seconds += clock.add(solution.solve_seconds)
+    search.bound = search.bound or solution.bound_flops
+    logger.info("solve %d/%d: target %s, %s in %.1fs, %s FLOPs recomputed (bound %.0f)", search.solves,
+                steering.max_attempts, format_bytes(target), solution.status, solution.solve_seconds,
+                f"{solution.objective_flops:,}", solution.bound_flops)
+    return solution
+
+
+def _measured(graph: ProgramGraph, budget: int, solution: Solution, target: _Target, steering: Steering,
+              search: _Search) -> bool:
+    """Measures CP-SAT's schedule on XLA, keeps it in ``search`` if it is the cheapest
+    that fits, and moves ``target`` by XLA's figure; False when the search ends."""
+    program = steering.program(solution.schedule)
+    sim = simulate(graph, solution.schedule)
+    measured = steering.measure(program)
+    logger.info("measured on XLA: %s against a budget of %s (predicted %s)", format_bytes(measured),
+                format_bytes(budget), format_bytes(sim.peak_bytes))
+    if measured > budget:
         # Tightened by the overshoot and a margin: a plan the model misjudges by a
         # percent or two would otherwise cost every attempt, each just over.
         step = measured - budget + budget // steering.retry_margin
-        below[solution.schedule] = sim.peak_bytes, step
-        target -= step
-        if search.best is not None:
-            target = max(target, (best_target + over_target) // 2)
-    return search
+        target.tighten(solution.schedule, sim.peak_bytes, step, fitting=search.best is not None)
+        return True
+    plan = steering.finish(sim, solution.schedule, measured, program, solution.status, solution.gap,
+                           search.seconds, search.solves)
+    if search.best is None or measured_flops_of(plan[0]) < measured_flops_of(search.best[0]):
+        search.best, target.best = plan, target.value
+    over_predicted = sim.peak_bytes - measured  # the model's error on this program, here
+    if solution.objective_flops == 0 or over_predicted <= budget * steering.relax_slack:
+        return False
+    target.loosen(over_predicted)
+    return True
 
 
 def lowest_memory_plan(graph: ProgramGraph, budget: int, ceiling_flops: int | None, clock: SolverClock,

@@ -214,32 +214,36 @@ def solve(graph: ProgramGraph, budget_bytes: int, options: SolverOptions = Solve
             model can reach.
     """
     start = time.perf_counter()
-    incumbent = _incumbent(graph, budget_bytes)
-    decomposed = block_start(graph, budget_bytes) if options.blocks else None
-    if decomposed is not None and (incumbent is None or decomposed.flops < simulate(graph, incumbent).recompute_flops):
-        incumbent = decomposed.schedule
-    method = "cp-sat" if decomposed is None else "blocks+cp-sat"
+    incumbent, decomposed = _start(graph, budget_bytes, options)
+    method = "blocks+cp-sat" if decomposed else "cp-sat"
     whole_graph = options.whole_graph
     if whole_graph is None:
         whole_graph = graph.num_positions <= WHOLE_GRAPH_POSITIONS
-    if decomposed is not None and not whole_graph:
+    if decomposed and not whole_graph:
         assert incumbent is not None  # the decomposition's plan, or a cheaper start
         objective = simulate(graph, incumbent).recompute_flops
         verdict, gap = ("OPTIMAL", 0.0) if objective == 0 else ("FEASIBLE", 1.0)
         return Solution(incumbent, verdict, objective, 0.0, gap, time.perf_counter() - start, "blocks")
     if incumbent is not None and incumbent.cuts and options.first_stage_share > 0:
-        share = options.first_stage_share
-        first = replace(options, time_limit_s=share * options.time_limit_s,
-                        deterministic_time_limit=share * options.deterministic_time_limit)
-        incumbent = _saves_within_cuts(graph, budget_bytes, incumbent, first)
-        options = replace(options, deterministic_time_limit=(1 - share) * options.deterministic_time_limit,
-                          time_limit_s=max(1.0, options.time_limit_s - (time.perf_counter() - start)))
+        incumbent, options = _first_stage(graph, budget_bytes, incumbent, options, start)
     include = incumbent.cuts if incumbent is not None else frozenset()
     enc = _budget_model(graph, budget_bytes, cut_candidates(graph, options.max_cut_candidates, include))
     if incumbent is not None:
         _hint(enc, incumbent)
     solver = _solver(options)
     status = _run(solver, enc.model, options)
+    found, status = _found(graph, budget_bytes, enc, solver, status, incumbent, options)
+    return _verdict(graph, found, solver, status, time.perf_counter() - start, method)
+
+
+def _found(graph: ProgramGraph, budget_bytes: int, enc: Encoding, solver: cp_model.CpSolver,
+           status: cp_model.CpSolverStatus, incumbent: Schedule | None, options: SolverOptions
+           ) -> tuple[Schedule, cp_model.CpSolverStatus]:
+    """The cheaper of CP-SAT's schedule and the start, with the status to report.
+
+    Raises:
+        InfeasibleBudgetError: neither exists; with the model's lowest-memory schedule.
+    """
     found = enc.schedule(solver) if status in (cp_model.OPTIMAL, cp_model.FEASIBLE) else None
     if found is None and incumbent is None:
         lowest = min_peak_schedule(graph, options)
@@ -247,7 +251,6 @@ def solve(graph: ProgramGraph, budget_bytes: int, options: SolverOptions = Solve
             f"CP-SAT stopped with {solver.status_name(status)} before finding a schedule.")
         raise InfeasibleBudgetError(budget_bytes, simulate(graph, lowest, planning=True).peak_bytes, detail,
                                     schedule=lowest)
-    bound = max(0.0, float(solver.best_objective_bound))
     if found is None or (
         incumbent is not None
         and simulate(graph, incumbent).recompute_flops < simulate(graph, found).recompute_flops
@@ -256,6 +259,38 @@ def solve(graph: ProgramGraph, budget_bytes: int, options: SolverOptions = Solve
         # under the deterministic limit): the start is the best feasible plan.
         found, status = incumbent, cp_model.FEASIBLE
     assert found is not None  # found nothing and had no start: raised above
+    return found, status
+
+
+def _start(graph: ProgramGraph, budget_bytes: int, options: SolverOptions) -> tuple[Schedule | None, bool]:
+    """Where :func:`solve` starts: the cheapest of Chen's segmentations that fits
+    (:func:`_incumbent`), or the block decomposition's plan when the program
+    repeats a block (``options.blocks``) and that plan is cheaper; and whether
+    the program has such blocks."""
+    incumbent = _incumbent(graph, budget_bytes)
+    decomposed = block_start(graph, budget_bytes) if options.blocks else None
+    if decomposed is not None and (incumbent is None or decomposed.flops < simulate(graph, incumbent).recompute_flops):
+        incumbent = decomposed.schedule
+    return incumbent, decomposed is not None
+
+
+def _first_stage(graph: ProgramGraph, budget_bytes: int, incumbent: Schedule, options: SolverOptions,
+                 start: float) -> tuple[Schedule, SolverOptions]:
+    """The first stage's result (:func:`_saves_within_cuts`, on ``options.first_stage_share``
+    of both limits), and the options left for the full model after it."""
+    share = options.first_stage_share
+    first = replace(options, time_limit_s=share * options.time_limit_s,
+                    deterministic_time_limit=share * options.deterministic_time_limit)
+    incumbent = _saves_within_cuts(graph, budget_bytes, incumbent, first)
+    rest = replace(options, deterministic_time_limit=(1 - share) * options.deterministic_time_limit,
+                   time_limit_s=max(1.0, options.time_limit_s - (time.perf_counter() - start)))
+    return incumbent, rest
+
+
+def _verdict(graph: ProgramGraph, found: Schedule, solver: cp_model.CpSolver, status: cp_model.CpSolverStatus,
+             seconds: float, method: str) -> Solution:
+    """``found`` with the solver's status, and its gap against the full model's bound."""
+    bound = max(0.0, float(solver.best_objective_bound))
     objective = simulate(graph, found).recompute_flops
     gap = 0.0 if status == cp_model.OPTIMAL or objective == 0 else max(0.0, (objective - bound) / objective)
     return Solution(
@@ -264,7 +299,7 @@ def solve(graph: ProgramGraph, budget_bytes: int, options: SolverOptions = Solve
         objective_flops=objective,
         bound_flops=bound,
         gap=gap,
-        solve_seconds=time.perf_counter() - start,
+        solve_seconds=seconds,
         method=method,
     )
 
