@@ -54,7 +54,7 @@ from .program._manual import shard_map_body
 from .program._scan_body import ScanBody, scan_body
 from .program._trace import TracedProgram, planned_bodies, trace, with_signature
 from .rewrite._loops import LoopPlan, loop_candidates, loop_program, scan_lengths
-from .solve._body import choose_saved
+from .solve._body import BodyChoice, choose_saved
 from .solve._solve import SolverOptions
 
 logger = logging.getLogger("remat_opt")
@@ -237,13 +237,8 @@ def _saved_sets(search: LoopSearch, graph: ProgramGraph, body: ScanBody, kind: s
             continue
         seen.add(choice.saved)
         compiles += 1
-        loop = LoopPlan(None, saved=choice.saved, body=kind)
-        flops, program = search.program(loop)
-        previous, measured = measured, search.measure(program)
-        logger.info("%s body, solve %d of %d: %d values saved (%s per iteration, %s), XLA %s (budget %s)",
-                    kind, compiles, max_attempts, len(choice.saved), format_bytes(choice.saved_bytes), choice.status,
-                    format_bytes(measured), format_bytes(search.budget))
-        plans.append(LoopCandidate(loop, program, flops, measured, choice.status, choice.gap, seconds, compiles))
+        plans.append(_measured_set(search, choice, kind, seconds, compiles, max_attempts))
+        previous, measured = measured, plans[-1].measured
         if measured <= search.budget:
             fitting_flops = min(fitting_flops, choice.recompute_flops)
         if search.budget - TIGHT * search.budget <= measured <= search.budget:
@@ -260,3 +255,15 @@ def _saved_sets(search: LoopSearch, graph: ProgramGraph, body: ScanBody, kind: s
         else:  # over it by the budget left, stretched when sets repeat
             cap = choice.saved_bytes + stretch * (search.budget - measured) // body.length
     return plans
+
+
+def _measured_set(search: LoopSearch, choice: BodyChoice, kind: str, seconds: float, compiles: int,
+                  max_attempts: int) -> LoopCandidate:
+    """The loop saving ``choice`` in its body, counted and measured on XLA (the ``compiles``-th)."""
+    loop = LoopPlan(None, saved=choice.saved, body=kind)
+    flops, program = search.program(loop)
+    measured = search.measure(program)
+    logger.info("%s body, solve %d of %d: %d values saved (%s per iteration, %s), XLA %s (budget %s)",
+                kind, compiles, max_attempts, len(choice.saved), format_bytes(choice.saved_bytes), choice.status,
+                format_bytes(measured), format_bytes(search.budget))
+    return LoopCandidate(loop, program, flops, measured, choice.status, choice.gap, seconds, compiles)

@@ -291,23 +291,51 @@ class Encoding:
 
         At the program's end that includes the last segment's own residuals."""
         g = self.graph
-        live: dict[int, list[cp_model.IntVar]] = {}
+        live: dict[int, list[cp_model.IntVar]] = {}  # buffer -> literals: some value laid over it is live
+        total = self._tail_stored(live) if e == g.num_positions - 1 else 0
+        crossing = self._crossing_live(e, live)
+        for v, s in self.save.items():
+            if g.position_of(v) <= e:
+                live.setdefault(g.buffer[v], []).append(s)
+        for v, kept in self.own_output.items():
+            if g.position_of(v) <= e:
+                live.setdefault(g.buffer[v], []).append(kept)
+        for b, lits in live.items():
+            if b < 0:
+                continue
+            if len(lits) == 1:
+                lit = lits[0]
+            else:
+                lit = self.model.new_bool_var(f"buf{b}_{e}")
+                self.model.add_max_equality(lit, lits)
+            total += g.node_bytes[b] * lit
+        return total - self._slot_credit(e, crossing)
+
+    def _tail_stored(self, live: dict[int, list[cp_model.IntVar]]) -> Expr:
+        """At the program's end, the last segment's residuals and held sources, added to
+        ``live``; returns the calibrated extra of code run as written and its
+        transposes' forward scratch."""
+        g = self.graph
+        tail_buffers = set()
+        for v in range(g.num_nodes):
+            if materialized(g, v) and not g.is_output[v]:  # residuals and held sources
+                lit = self.in_tail(g.position_of(v))
+                if isinstance(lit, int):
+                    lit = self.model.new_constant(1)
+                live.setdefault(g.buffer[v], []).append(lit)
+                tail_buffers.add(g.buffer[v])
         total: Expr = 0
-        if e == g.num_positions - 1:
-            tail_buffers = set()
-            for v in range(g.num_nodes):
-                if materialized(g, v) and not g.is_output[v]:  # residuals and held sources
-                    lit = self.in_tail(g.position_of(v))
-                    if isinstance(lit, int):
-                        lit = self.model.new_constant(1)
-                    live.setdefault(g.buffer[v], []).append(lit)
-                    tail_buffers.add(g.buffer[v])
-            for b in sorted(tail_buffers - {-1}):  # calibrated storage of code run as written
-                total += tail_extra_bytes(g, b) * self.in_tail(g.position_of(b))
-            for u in g.units:  # and its transposes' forward scratch
-                if held_forward_scratch(g, u.index):
-                    total += held_forward_scratch(g, u.index) * self.in_tail(u.position)
-        # buffer -> literals: a value laid over it is stored across a cut
+        for b in sorted(tail_buffers - {-1}):  # calibrated storage of code run as written
+            total += tail_extra_bytes(g, b) * self.in_tail(g.position_of(b))
+        for u in g.units:  # and its transposes' forward scratch
+            if held_forward_scratch(g, u.index):
+                total += held_forward_scratch(g, u.index) * self.in_tail(u.position)
+        return total
+
+    def _crossing_live(self, e: int, live: dict[int, list[cp_model.IntVar]]) -> dict[int, list[cp_model.IntVar]]:
+        """Values stored across a cut and live at ``e``, added to ``live``; returns
+        them per buffer (what may sit in a gradient slot)."""
+        g = self.graph
         crossing: dict[int, list[cp_model.IntVar]] = {}
         for v, chain in self.cross.items():
             lits = [lit for q, lit in chain if q <= e]
@@ -326,22 +354,7 @@ class Encoding:
                 lits = [lit]
             live.setdefault(g.buffer[v], []).append(lits[-1])
             crossing.setdefault(g.buffer[v], []).append(lits[-1])
-        for v, s in self.save.items():
-            if g.position_of(v) <= e:
-                live.setdefault(g.buffer[v], []).append(s)
-        for v, kept in self.own_output.items():
-            if g.position_of(v) <= e:
-                live.setdefault(g.buffer[v], []).append(kept)
-        for b, lits in live.items():
-            if b < 0:
-                continue
-            if len(lits) == 1:
-                lit = lits[0]
-            else:
-                lit = self.model.new_bool_var(f"buf{b}_{e}")
-                self.model.add_max_equality(lit, lits)
-            total += g.node_bytes[b] * lit
-        return total - self._slot_credit(e, crossing)
+        return crossing
 
     def _slot_credit(self, e: int, crossing: dict[int, list[cp_model.IntVar]]) -> Expr:
         """Stored bytes laid over free gradient slots at the end position ``e``
