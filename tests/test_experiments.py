@@ -93,3 +93,15 @@ def test_schedule_fidelity_holds_on_the_measured_schedules():
     errors = [r["relative_error"] for r in checked]
     assert max(abs(e) for e in errors) <= 0.05, schedule_fidelity.summary(checked)
     assert "all " in schedule_fidelity.summary(checked)
+
+
+def test_relaxed_bound_quick(tmp_path):
+    # The 4-layer GPT's full model with the budget at some segment ends only: each relaxation's
+    # bound is a bound of the full model, so never above the block decomposition's plan (a
+    # schedule of the full model); broken segment ends join the next relaxation.
+    out = tmp_path / "relaxed.csv"
+    run_script("relaxed_bound.py", "--layers", "4", "--iterations", "2", "--dtime", "3", "--workers", "2",
+               "--out", str(out))
+    rows = read_rows(out)
+    assert len(rows) == 2 and int(rows[0]["ends_enforced"]) == 1 < int(rows[1]["ends_enforced"])
+    assert all(0 < int(r["bound"]) <= int(r["best_bound"]) <= int(r["decomposition_recompute"]) for r in rows)
