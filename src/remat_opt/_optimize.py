@@ -218,7 +218,7 @@ class OptimizedFunction:
         # then a whole-function policy (measured only when it recomputes less).
         choices = [p for p in (planned, other, best_loop) if p is not None]
         best = min(choices, key=lambda p: measured_flops_of(p[0]), default=None)
-        ceiling = None if best is None else best[0].measured_recompute_flops
+        ceiling = None if best is None else measured_flops_of(best[0])
         tried = [*free, *measured_policies(policies, budget, measure, below_flops=ceiling, above_flops=0,
                                            admit=lambda p: within_reach(whole_graph, p, budget, self.MODEL_SLACK))]
         seconds = clock.seconds + loop_seconds  # every solve of this call, whichever wins
