@@ -26,6 +26,7 @@ from remat_opt.memory._slots import (
 from remat_opt.solve._solve import (
     WHOLE_GRAPH_POSITIONS,
     SolverOptions,
+    _incumbent,
     _saves_within_cuts,
     min_peak_schedule,
     solve,
@@ -319,3 +320,32 @@ def test_a_large_program_of_blocks_takes_the_decomposition_by_default(small_gpt)
     assert default.method == "blocks"
     whole = solve(ref.graph, budget, SolverOptions(whole_graph=True, deterministic_time_limit=1.0))
     assert whole.method == "blocks+cp-sat" and whole.objective_flops <= default.objective_flops
+
+
+def test_a_start_that_fits_is_where_the_search_starts():
+    """solve's ``starts``: the cheapest that CP-SAT's own model fits joins Chen's
+    segmentations as the incumbent; one it puts over the budget does not."""
+    fn, ws, x = PROGRAMS["chain_slots"]
+    graph = dataclasses.replace(_graph(fn, ws, x), plain_storage_scale=1.3)  # cuts pay off
+    sims = {s: simulate(graph, s, planning=True) for s in _all_schedules(graph)}
+
+    def flops(schedule):
+        return simulate(graph, schedule).recompute_flops
+
+    def key(schedule):
+        return sims[schedule].recompute_flops, sorted(schedule.cuts), sorted(schedule.saved)
+
+    worth = []  # budgets where the cheapest schedule is cheaper than every Chen start that fits
+    for budget in sorted({sim.peak_bytes for sim in sims.values()}):
+        cheapest = min((s for s, sim in sims.items() if sim.peak_bytes <= budget), key=key)
+        chen = _incumbent(graph, budget)
+        if chen is None or sims[cheapest].recompute_flops < flops(chen):
+            worth.append((budget, cheapest, chen))
+    assert worth, "some budget should have a start cheaper than Chen's"
+    for budget, cheapest, chen in worth:
+        over = min((s for s, sim in sims.items() if sim.peak_bytes > budget), key=key)
+        costlier = max((s for s, sim in sims.items() if sim.peak_bytes <= budget), key=key)
+        assert _incumbent(graph, budget, (costlier, over, cheapest)) == cheapest
+        assert _incumbent(graph, budget, (over,)) == chen
+        found = solve(graph, budget, SolverOptions(), (cheapest,))
+        assert found.objective_flops <= sims[cheapest].recompute_flops

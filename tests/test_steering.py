@@ -116,3 +116,24 @@ def test_the_same_graph_and_budget_give_the_same_plan(graph):
     budget = budget_at(graph, 0.7)
     plans = [steered_plan(graph, budget, None, SolverClock(), steering(graph, 1.1, []))[0] for _ in range(2)]
     assert dataclasses.replace(plans[0], solve_seconds=0) == dataclasses.replace(plans[1], solve_seconds=0)
+
+
+def test_a_re_solve_starts_from_the_plan_in_hand(graph, monkeypatch):
+    """After a plan XLA fits, every later solve starts from it (a loosened target
+    admits it), so none returns a costlier schedule than the one in hand."""
+    import remat_opt._steering as steering_module
+
+    calls = []
+
+    def recorded(graph, target, options, starts=()):
+        solution = solve(graph, target, options, starts)
+        calls.append((tuple(starts), solution))
+        return solution
+
+    monkeypatch.setattr(steering_module, "solve", recorded)
+    budget = budget_at(graph, 0.75)
+    plan, _ = steered_plan(graph, budget, None, SolverClock(), steering(graph, 0.8, []))
+    assert len(calls) >= 2 and calls[0][0] == ()
+    first = calls[0][1]  # XLA (0.8 of the model) fits it: the target loosens
+    assert calls[1][0] == (first.schedule,)
+    assert all(later.objective_flops <= first.objective_flops for _, later in calls[1:])

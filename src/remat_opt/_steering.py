@@ -11,6 +11,8 @@ predicted above XLA's figure by more than ``relax_slack`` of the budget
 loosens it by that error (but not to a target whose plan XLA put over): the
 model was conservative there, and a cheaper plan may still fit. Budget left
 unused by an exact prediction is not a reason: the next plan up is then over.
+Once a plan fits, every re-solve starts from it, so CP-SAT returns nothing
+costlier under a looser target (the search ends when it returns that plan).
 The plan XLA fits with the fewest recomputed FLOPs wins.
 
 When nothing CP-SAT returned fits, the lowest-memory schedules are measured
@@ -171,8 +173,11 @@ def _solved(graph: ProgramGraph, target: int, clock: SolverClock, steering: Stee
     """CP-SAT's schedule under ``target``, its time and bound counted in ``search``; ``None``
     when the model has none (``search.lowest``: the lowest-memory schedule it found)."""
     started = time.perf_counter()
+    # CP-SAT starts from the plan in hand where its model fits it (a loosened target
+    # does): a re-solve never returns a costlier plan than one XLA already fits.
+    starts = () if search.best is None or search.best[0].schedule is None else (search.best[0].schedule,)
     try:
-        solution = solve(graph, target, steering.options)
+        solution = solve(graph, target, steering.options, starts)
     except InfeasibleBudgetError as err:
         search.seconds += clock.add(time.perf_counter() - started)  # the lowest-memory search, inside
         search.lowest = err.schedule

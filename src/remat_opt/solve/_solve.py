@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from ortools.sat.python import cp_model
@@ -189,11 +190,12 @@ def low_memory_schedules(graph: ProgramGraph, lowest: Schedule, count: int) -> l
     return [lowest, *ranked[: max(0, count - 1)]]
 
 
-def solve(graph: ProgramGraph, budget_bytes: int, options: SolverOptions = SolverOptions()) -> Solution:
+def solve(graph: ProgramGraph, budget_bytes: int, options: SolverOptions = SolverOptions(),
+          starts: Sequence[Schedule] = ()) -> Solution:
     """Minimum-recompute schedule whose predicted peak fits ``budget_bytes``.
 
-    The search starts from the cheapest of Chen's segmentations that fits
-    (:func:`_incumbent`), or from the block decomposition's plan when the
+    The search starts from the cheapest of Chen's segmentations and ``starts``
+    that fits (:func:`_incumbent`), or from the block decomposition's plan when the
     program repeats a block and that plan is cheaper (``options.blocks``);
     with ``options.whole_graph`` off, that plan is the result. With ``options.first_stage_share`` and a start
     that has cuts, a first stage searches only what to save within them
@@ -205,6 +207,8 @@ def solve(graph: ProgramGraph, budget_bytes: int, options: SolverOptions = Solve
         graph: the program graph.
         budget_bytes: the peak to fit, in XLA's terms (argument + output + temp).
         options: solver settings.
+        starts: schedules to start from besides Chen's, each where the model
+            CP-SAT solves fits it (a plan found under an earlier, lower target).
 
     Returns:
         The schedule with status ``"OPTIMAL"`` or ``"FEASIBLE"`` and the gap.
@@ -214,7 +218,7 @@ def solve(graph: ProgramGraph, budget_bytes: int, options: SolverOptions = Solve
             model can reach.
     """
     start = time.perf_counter()
-    incumbent, decomposed = _start(graph, budget_bytes, options)
+    incumbent, decomposed = _start(graph, budget_bytes, options, starts)
     method = "blocks+cp-sat" if decomposed else "cp-sat"
     whole_graph = options.whole_graph
     if whole_graph is None:
@@ -262,12 +266,13 @@ def _found(graph: ProgramGraph, budget_bytes: int, enc: Encoding, solver: cp_mod
     return found, status
 
 
-def _start(graph: ProgramGraph, budget_bytes: int, options: SolverOptions) -> tuple[Schedule | None, bool]:
-    """Where :func:`solve` starts: the cheapest of Chen's segmentations that fits
-    (:func:`_incumbent`), or the block decomposition's plan when the program
+def _start(graph: ProgramGraph, budget_bytes: int, options: SolverOptions,
+           starts: Sequence[Schedule]) -> tuple[Schedule | None, bool]:
+    """Where :func:`solve` starts: the cheapest of Chen's segmentations and ``starts``
+    that fits (:func:`_incumbent`), or the block decomposition's plan when the program
     repeats a block (``options.blocks``) and that plan is cheaper; and whether
     the program has such blocks."""
-    incumbent = _incumbent(graph, budget_bytes)
+    incumbent = _incumbent(graph, budget_bytes, starts)
     decomposed = block_start(graph, budget_bytes) if options.blocks else None
     if decomposed is not None and (incumbent is None or decomposed.flops < simulate(graph, incumbent).recompute_flops):
         incumbent = decomposed.schedule
@@ -338,11 +343,16 @@ def _saves_within_cuts(graph: ProgramGraph, budget_bytes: int, start: Schedule, 
     return min((start, found), key=lambda s: simulate(graph, s).recompute_flops)
 
 
-def _incumbent(graph: ProgramGraph, budget_bytes: int) -> Schedule | None:
+def _incumbent(graph: ProgramGraph, budget_bytes: int, starts: Sequence[Schedule] = ()) -> Schedule | None:
     """The cheapest of the unsegmented program and Chen's segmentations that the
-    model fits in ``budget_bytes``; CP-SAT starts from it and never returns worse."""
+    model fits in ``budget_bytes``, and of ``starts`` that CP-SAT's own model
+    (the planning simulation) fits; CP-SAT starts from it and never returns worse."""
     sims = {s: simulate(graph, s) for s in (Schedule(), *_chen_starts(graph))}  # each once: deep graphs
     fitting = [s for s, sim in sims.items() if sim.peak_bytes <= budget_bytes]
+    for start in starts:
+        if start not in fitting and simulate(graph, start, planning=True).peak_bytes <= budget_bytes:
+            sims.setdefault(start, simulate(graph, start))
+            fitting.append(start)
     return min(fitting, key=lambda s: (sims[s].recompute_flops, sorted(s.cuts)), default=None)
 
 
