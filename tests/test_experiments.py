@@ -105,3 +105,16 @@ def test_relaxed_bound_quick(tmp_path):
     rows = read_rows(out)
     assert len(rows) == 2 and int(rows[0]["ends_enforced"]) == 1 < int(rows[1]["ends_enforced"])
     assert all(0 < int(r["bound"]) <= int(r["best_bound"]) <= int(r["decomposition_recompute"]) for r in rows)
+
+
+def test_call_feedback_quick(tmp_path):
+    # One optimize call on a development random DAG that measures a candidate before its plan:
+    # the planner's log names each candidate's measured and predicted peak, and the script reads
+    # the returned plan's among them (a changed log line would break it here).
+    out = run_script("call_feedback.py", "--programs", "random_dev_1000", "--fractions", "0.8",
+                     "--out", str(tmp_path))
+    assert "1 plans; 1 returned after another candidate was measured" in out
+    (row,) = read_rows(tmp_path / "call_feedback.csv")
+    assert int(row["candidates_before"]) >= 1 and row["error_offset"] and row["error_ratio"]
+    error = int(row["predicted_peak_bytes"]) / int(row["measured_peak_bytes"]) - 1
+    assert float(row["error"]) == pytest.approx(error)
