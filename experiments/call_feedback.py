@@ -13,12 +13,14 @@ stands, and corrected by the candidate measured just before it, as an offset
 (``predicted * measured' / predicted'``).
 
 The candidates are read from the planner's own log (``remat_opt`` logger,
-INFO): each line that names a measured and a predicted peak.
+INFO): each line that names a measured and a predicted peak, at the log's
+two decimals of a MiB.
 
 Usage:
     python experiments/call_feedback.py [--programs lstm,random_dev_1000] [--fractions 0.8,0.6] [--out DIR]
 
-Writes ``<out>/call_feedback.csv`` (one row per returned plan) and prints a summary.
+Writes ``<out>/call_feedback.csv`` (one row per returned plan, with every candidate's
+measured/predicted bytes in the call's order) and prints a summary.
 """
 
 from __future__ import annotations
@@ -82,6 +84,7 @@ def call_row(name: str, fraction: float, program, plain: int) -> dict | None:
     row = {"program": name, "budget_fraction": fraction, "predicted_peak_bytes": plan.predicted_peak_bytes,
            "measured_peak_bytes": plan.measured_peak_bytes, "recompute_fraction": plan.recompute_overhead,
            "attempts": plan.attempts, "candidates_before": k,
+           "candidates": ";".join(f"{m}/{p}" for m, p in handler.seen),  # measured/predicted, in order
            "error": plan.predicted_peak_bytes / plan.measured_peak_bytes - 1}
     if k:  # corrected by the candidate measured just before
         measured, predicted = handler.seen[k - 1]
