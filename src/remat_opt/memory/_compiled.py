@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Any
 
 import jax
-from jax._src import config as jax_config
 from jax.experimental.compilation_cache import compilation_cache
 
 from ._compiles import PEAK_FIGURES_ONLY, compile_for_figures, compiled_figures
@@ -239,7 +238,8 @@ def _compiled_afresh() -> Iterator[None]:
     loaded from it was not compiled in this process, so XLA dumps nothing for
     it (``xla_dump_to`` is not part of the cache key). The cache is reset
     before and after, as ``reset_cache`` documents; not thread-safe."""
-    if not jax_config.compilation_cache_dir.value or not jax_config.enable_compilation_cache.value:
+    settings = jax.config.values  # public; the flag attributes are untyped on jax 0.10
+    if not settings.get("jax_compilation_cache_dir") or not settings.get("jax_enable_compilation_cache"):
         yield
         return
     compilation_cache.reset_cache()
