@@ -40,6 +40,7 @@ from ._policy_planning import (PolicyCandidate, counted_policies, measured_polic
 from ._restore import cached_plan
 from ._schedule import Schedule, Simulation
 from ._steering import Steering, steered_plan
+from ._timed import TimedCall, timed_plan
 from ._verify import verified
 from .memory._facts import check_known, model_graph, read_plain, with_memory_facts
 from .memory._measure import Signature, abstract, gradient_flops, signature
@@ -85,6 +86,7 @@ class OptimizedFunction:
         cache: bool | str | os.PathLike = False,
         interconnect: Interconnect | None = None,
         in_shardings: Any = None,
+        objective: str = "auto",
     ):
         self.fn = fn
         self.budget_bytes = budget_bytes
@@ -99,6 +101,7 @@ class OptimizedFunction:
         self.cache = cache
         self.interconnect = interconnect or Interconnect()
         self.in_shardings = in_shardings
+        self.objective = objective
         self._cache: dict[Signature, tuple[Plan, Callable[..., Any]]] = {}
         functools.update_wrapper(self, fn)
 
@@ -127,8 +130,23 @@ class OptimizedFunction:
             if twin is not None:
                 return twin
             check_call(self.fn, args, kwargs, self.argnums, self.has_aux)  # remat_opt._inputs: typed errors
-            self._cache[key] = cached_plan(self, specs, kwargs_specs)
+            if self.minimises_time():
+                self._cache[key] = self._timed_plan(specs, kwargs_specs)
+            else:
+                self._cache[key] = cached_plan(self, specs, kwargs_specs)
         return self._cache[key]
+
+    def minimises_time(self) -> bool:
+        """Whether plans minimise the step time on the device (``objective``; ``"auto"``: off the CPU)."""
+        if self.objective == "auto":
+            return jax.default_backend() != "cpu"
+        return self.objective == "time"
+
+    def _timed_plan(self, args: tuple, kwargs: dict) -> tuple[Plan, Callable[..., Any]]:
+        """The fastest plan that fits, measured on the device (:mod:`remat_opt._timed`)."""
+        argnums = normalize_argnums(self.argnums, len(args))
+        return timed_plan(TimedCall(self.fn, args, kwargs, argnums, grad_argnums(argnums), self.has_aux,
+                                    self.budget_bytes, self.cost_model))
 
     def _make_plan(self, args: tuple, kwargs: dict) -> tuple[Plan, Callable[..., Any]]:
         argnums = normalize_argnums(self.argnums, len(args))
