@@ -20,7 +20,7 @@ accelerator, whose float32 matrix products run at bf16 passes by default).
 
 Usage:
     python experiments/step_time.py [--programs gpt6,gpt12,resnet,gpt_scan] [--fractions 0.5,0.3]
-                                    [--repeats 10] [--out DIR] [--quick]
+                                    [--repeats 10] [--budgets device] [--objective auto] [--out DIR] [--log]
 
 Writes ``<out>/step_time_<platform>.csv`` after each program, stamped with the
 jax version, machine and device.
@@ -138,14 +138,14 @@ def baseline_rows(name: str, loss: Callable, args: tuple, per_layer: Callable, r
 
 
 def plan_row(name: str, loss: Callable, args: tuple, budget: int, budget_name: str, baselines: list,
-             executables: dict, want: Any, repeats: int, tolerance: tuple[float, float]) -> dict:
+             executables: dict, want: Any, repeats: int, tolerance: tuple[float, float], objective: str) -> dict:
     """remat_opt at ``budget``: its plan, planning seconds, peak, gradient error, and its step time
     beside the fastest baseline that fits the same budget, timed in turn with it."""
     fitting = [r for r in baselines if r.get("peak_bytes") is not None and r["peak_bytes"] <= budget]
     best = min(fitting, key=lambda r: r["step_ms"], default=None)
     row: dict[str, Any] = {"program": name, "kind": "plan", "strategy": "remat_opt", "budget": budget_name,
                            "budget_bytes": budget, "best_baseline": best and best["strategy"]}
-    step = remat_opt.optimize(loss, budget, cache=False)
+    step = remat_opt.optimize(loss, budget, cache=False, objective=objective)
     started = time.perf_counter()
     try:
         plan = step.plan(*args)
@@ -171,7 +171,7 @@ def plan_row(name: str, loss: Callable, args: tuple, budget: int, budget_name: s
 
 
 def run(name: str, fractions: tuple[float, ...], repeats: int, tolerance: tuple[float, float],
-        extra_budgets: tuple[str, ...] = ()) -> Iterator[dict]:
+        extra_budgets: tuple[str, ...] = (), objective: str = "auto") -> Iterator[dict]:
     loss, args, per_layer = PROGRAMS[name]()
     baselines, executables, want = baseline_rows(name, loss, args, per_layer, repeats)
     plain = baselines[0]
@@ -185,7 +185,7 @@ def run(name: str, fractions: tuple[float, ...], repeats: int, tolerance: tuple[
     for budget_name, budget in budgets:
         try:
             row = plan_row(name, loss, args, budget, budget_name, baselines, executables, want, repeats,
-                           tolerance)
+                           tolerance, objective)
         except Exception as err:  # noqa: BLE001 - recorded; the run goes on
             traceback.print_exc()
             row = {"program": name, "kind": "plan", "budget": budget_name, "budget_bytes": budget,
@@ -204,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budgets", type=lambda s: tuple(b for b in s.split(",") if b), default=(),
                         help="more budgets, as sizes ('12GiB') or 'device' (the device's memory)")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--objective", default="auto", choices=("auto", "time", "flops"),
+                        help="optimize's objective (auto: step time on an accelerator, FLOPs on the CPU)")
     parser.add_argument("--log", action="store_true", help="remat_opt's progress at INFO level")
     args = parser.parse_args(argv)
     if args.log:
@@ -216,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     path = args.out / f"step_time_{device.platform}.csv"
     for name in args.programs:
         print(f"{name}:", flush=True)
-        for row in run(name, args.fractions, args.repeats, tolerance, args.budgets):
+        for row in run(name, args.fractions, args.repeats, tolerance, args.budgets, args.objective):
             rows.append(row)
             write_csv(path, rows, header)
     return 0

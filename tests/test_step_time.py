@@ -125,3 +125,19 @@ def test_options_of_the_step_time_search_are_checked():
     if jax.default_backend() == "cpu":
         with pytest.raises(remat_opt.InvalidBudgetError, match="device"):
             remat_opt.optimize(residual_mlp, "device")
+
+
+def test_the_step_time_table_runs_where_it_is(tmp_path):
+    # experiments/step_time.py, as on the TPU, on a CPU-sized GPT: every plan it returns fits its budget
+    # and has the plain program's gradients.
+    from experiment_scripts import read_rows, run_script
+
+    run_script("step_time.py", "--programs", "tiny_gpt", "--fractions", "0.6", "--repeats", "2",
+               "--objective", "time", "--out", str(tmp_path))
+    rows = read_rows(tmp_path / f"step_time_{jax.default_backend()}.csv")
+    plans = [r for r in rows if r["kind"] == "plan"]
+    assert {r["strategy"] for r in rows if r["kind"] == "layer"} == {
+        "layer/nothing_saveable", "layer/dots_with_no_batch_dims_saveable", "layer/dots_saveable"}
+    assert len(plans) == 4
+    for r in plans:
+        assert r["exception"] or (r["fits"] == "True" and float(r["grad_error_over_tolerance"]) <= 1.0), r
