@@ -144,37 +144,58 @@ def _rebuild_with_kwargs(cls: type[BaseException], args: tuple, state: dict) -> 
 
 
 class InfeasibleBudgetError(RematOptError, ValueError):
-    """No checkpoint placement brings the program's peak memory under the budget.
+    """No checkpoint placement remat_opt tried brings the program's peak memory under the budget.
+
+    The figure it names is one of two things, and the message says which:
+
+    - the lowest peak XLA measured for any plan of this program in the search at this
+      budget (``lower_bound=False``): the same for the same program, budget and options,
+      whatever ran before in the process; a budget at or above it is planned;
+    - the bytes every gradient step of the program holds, its arguments and outputs
+      (``lower_bound=True``): the budget is under them, so it is refused before any search;
+      the peak of a plan is higher (XLA's temporaries come on top).
 
     Args:
         budget_bytes: The budget the caller asked for.
-        min_budget_bytes: The smallest peak remat_opt can reach for the program.
+        min_budget_bytes: The figure above.
         detail: Optional extra sentence(s) appended to the message, e.g. which
-            buffers dominate the minimum.
-
+            plan measured the figure.
         schedule: The lowest-memory :class:`remat_opt.Schedule` found, if known.
+        lower_bound: Whether ``min_budget_bytes`` is the arguments' and outputs' bytes.
 
     Attributes:
         budget_bytes: As passed.
         min_budget_bytes: As passed.
         detail: As passed.
         schedule: As passed.
+        lower_bound: As passed.
     """
 
-    def __init__(self, budget_bytes: int, min_budget_bytes: int, detail: str = "", schedule: Any = None) -> None:
+    def __init__(self, budget_bytes: int, min_budget_bytes: int, detail: str = "", schedule: Any = None,
+                 lower_bound: bool = False) -> None:
         self.budget_bytes = budget_bytes
         self.min_budget_bytes = min_budget_bytes
         self.detail = detail
         self.schedule = schedule
-        message = (
-            f"budget_bytes={_describe_bytes(budget_bytes, unit='')} is below the smallest peak "
-            f"remat_opt can reach for this program, {_describe_bytes(min_budget_bytes)}; "
-            f"pass budget_bytes >= {min_budget_bytes}."
-        )
+        self.lower_bound = lower_bound
+        budget = _describe_bytes(budget_bytes, unit="")
+        if lower_bound:
+            message = (
+                f"budget_bytes={budget} is below what every gradient step of this program holds, whatever it "
+                f"recomputes: its parameters, inputs, gradients and loss outputs take {_describe_bytes(min_budget_bytes)}, "
+                "and XLA's temporaries come on top. Pass a larger budget; remat_opt.peak_bytes(fn, *args) "
+                "gives the step's peak without remat."
+            )
+        else:
+            message = (
+                f"budget_bytes={budget} is below the lowest peak XLA measured for any plan remat_opt tried for "
+                f"this program at this budget, {_describe_bytes(min_budget_bytes)}; "
+                f"pass budget_bytes >= {min_budget_bytes}."
+            )
         super().__init__(_with_detail(message, detail))
 
     def __reduce__(self):  # noqa: D105
-        return (type(self), (self.budget_bytes, self.min_budget_bytes, self.detail, self.schedule))
+        return (type(self), (self.budget_bytes, self.min_budget_bytes, self.detail, self.schedule, self.lower_bound))
 
 
 class UnsupportedProgramError(RematOptError, NotImplementedError):

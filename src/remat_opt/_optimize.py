@@ -29,6 +29,7 @@ from ._cache import (cache_directory, derivative_text, layout_of, names_cost_mod
                      qualified_name)
 from ._counted import counted_flops
 from ._errors import InfeasibleBudgetError
+from ._floor import floor_refusal
 from ._forward import forward_mode
 from ._inputs import check_call
 from ._loop_planning import LoopCandidate, LoopSearch, body_plans, loop_plans
@@ -132,6 +133,9 @@ class OptimizedFunction:
 
     def _make_plan(self, args: tuple, kwargs: dict) -> tuple[Plan, Callable[..., Any]]:
         argnums = normalize_argnums(self.argnums, len(args))
+        refused = floor_refusal(self.fn, args, kwargs, grad_argnums(argnums), self.has_aux, self.budget_bytes)
+        if refused is not None:  # under the step's arguments and outputs: no search can help (remat_opt._floor)
+            raise refused
         traced = trace(self.fn, args, kwargs, argnums, self.unroll_scans)
         # fn as written, loops whole: what a plain plan and the loop plans run.
         whole = trace(self.fn, args, kwargs, argnums) if traced.unrolled_scans else traced
@@ -280,9 +284,10 @@ class OptimizedFunction:
                       loops: list[LoopCandidate], tried: list,
                       lowest_other: tuple[Plan, Callable[..., Any]] | None) -> InfeasibleBudgetError:
         """The error when nothing fits: it names the lowest peak XLA measured for any plan
-        (loop plans, whole-function policies, outside schedules, CP-SAT's lowest-memory
-        schedules, and what earlier plans of this program measured), and the lowest
-        measured schedules are kept for a later call (:mod:`remat_opt._lowest`)."""
+        of this search (loop plans, whole-function policies, outside schedules, CP-SAT's
+        lowest-memory schedules), the same whatever ran before; a lower peak an earlier plan
+        of this program measured is said beside it. The lowest measured schedules are kept
+        for a later call (:mod:`remat_opt._lowest`)."""
         directory, name = cache_directory(self.cache), qualified_name(self.fn)
         earlier = lowest_kept(lowest_key, directory)  # what earlier plans of this program measured
         if infeasible.schedule is not None:
@@ -294,14 +299,18 @@ class OptimizedFunction:
             depth = lowest_other[0].schedule.depth()
             lowest.append((measured_peak_of(lowest_other[0]),
                            f"a nested schedule ({depth} levels)" if depth > 1 else "a Chen segmentation"))
-        if earlier is not None:
-            lowest.append((earlier[0], "a schedule an earlier plan of this program measured"))
         peak, what = min(lowest, default=(infeasible.min_budget_bytes, ""))
+        # What earlier plans measured is said, not named as the figure: that stays this search's own.
+        note = "" if earlier is None or earlier[0] >= min(peak, infeasible.min_budget_bytes) else (
+            f" An earlier plan of this program measured {earlier[0]:,} bytes; that budget is planned too.")
         if peak < infeasible.min_budget_bytes:
             # One minimum, not two: the solver's own lowest is said here, not chained as a second error.
             return InfeasibleBudgetError(budget, peak, detail=f"(XLA measured {peak:,} bytes for the lowest-memory "
                                          f"plan: {what}; CP-SAT's lowest-memory schedule, "
-                                         f"{infeasible.min_budget_bytes:,}.)")
+                                         f"{infeasible.min_budget_bytes:,}.){note}")
+        if note:
+            return InfeasibleBudgetError(budget, infeasible.min_budget_bytes, detail=infeasible.detail + note,
+                                         schedule=infeasible.schedule)
         return infeasible
 
     def _recalled(self, key: str, graph: ProgramGraph, budget: int, measure: Callable[[Callable[..., Any]], int],
