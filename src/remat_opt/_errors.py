@@ -18,6 +18,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 __all__ = [
@@ -41,6 +42,54 @@ def _describe_bytes(n: int, *, unit: str = " bytes") -> str:
     from remat_opt._budget import format_bytes  # Deferred: _budget imports this module.
 
     return f"{n:,}{unit} ({format_bytes(n)})"
+
+
+REPR_LIMIT = 200
+"""Characters of a rejected value shown in a message: a params pytree passed as ``fn`` once
+made a 46 KB message."""
+
+
+SMALL_ARRAY = 16
+"""Arrays of at most this many elements are shown by value."""
+
+
+class _Brief:
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def short_repr(value: Any, limit: int = REPR_LIMIT) -> str:
+    """``repr(value)`` for an error message: arrays of more than :data:`SMALL_ARRAY` elements as ``float32[256,256]``, the whole cut to
+    ``limit`` characters (saying how long it was).
+
+    Example:
+        >>> import numpy as np
+        >>> short_repr({"w": np.zeros((256, 256), np.float32)})
+        "{'w': float32[256,256]}"
+    """
+
+    def brief(leaf: Any) -> Any:
+        shape, dtype = getattr(leaf, "shape", None), getattr(leaf, "dtype", None)
+        if isinstance(shape, tuple) and dtype is not None and not isinstance(leaf, type) \
+                and math.prod(shape) > SMALL_ARRAY:
+            return _Brief(f"{dtype}[{','.join(str(d) for d in shape)}]")
+        return leaf
+
+    try:
+        import jax  # Deferred: this module is imported before jax is needed.
+
+        text = repr(jax.tree_util.tree_map(brief, value))
+    except Exception:  # noqa: BLE001 - a value whose pytree or repr fails is shown by type
+        try:
+            text = repr(value)
+        except Exception:  # noqa: BLE001
+            text = f"<{type(value).__name__}>"
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text):,} characters)"
 
 
 def _with_detail(message: str, detail: str) -> str:

@@ -133,13 +133,13 @@ class OptimizedFunction:
 
     def _make_plan(self, args: tuple, kwargs: dict) -> tuple[Plan, Callable[..., Any]]:
         argnums = normalize_argnums(self.argnums, len(args))
-        refused = floor_refusal(self.fn, args, kwargs, grad_argnums(argnums), self.has_aux, self.budget_bytes)
-        if refused is not None:  # under the step's arguments and outputs: no search can help (remat_opt._floor)
-            raise refused
         traced = trace(self.fn, args, kwargs, argnums, self.unroll_scans)
         # fn as written, loops whole: what a plain plan and the loop plans run.
         whole = trace(self.fn, args, kwargs, argnums) if traced.unrolled_scans else traced
         nums = grad_argnums(argnums)
+        refused = floor_refusal(self.fn, args, kwargs, nums, self.has_aux, self.budget_bytes)
+        if refused is not None:  # under the step's arguments and outputs: no search can help (remat_opt._floor)
+            raise refused
         # A model written as one shard_map: its body is what is planned, per device (program._manual).
         traced = planned_body(traced) or traced
         # On a mesh, values take one device's bytes and collectives their cost (memory._sharded).
