@@ -4,7 +4,7 @@ Installed as the ``remat-opt`` console script; ``python -m remat_opt`` is the
 same. Exit codes follow the usual convention: 0 on success, 2 on a usage error
 (argparse's, and a ``MODULE:NAME`` that cannot be imported), 1 when remat_opt
 raises one of its errors (the message goes to stderr) or the demo misses a
-budget; 141 when the reader of stdout left early (``| head``), as for a process
+budget or a gradient; 141 when the reader of stdout left early (``| head``), as for a process
 ended by SIGPIPE, without a traceback. ``--json`` output is one JSON document on stdout.
 
 Example::
@@ -21,6 +21,7 @@ import argparse
 import dataclasses
 import importlib
 import json
+import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -31,6 +32,7 @@ from ._budget import format_bytes, parse_bytes
 from ._errors import InvalidBudgetError, InvalidBudgetTypeError, RematOptError
 from ._api import optimize
 from ._floor import floor_of
+from ._progress import ENV
 from ._plan import Plan
 from .memory._measure import peak_bytes, traced_step
 
@@ -157,7 +159,7 @@ def _demo(args: argparse.Namespace) -> int:
 
     fractions = tuple(float(f) for f in args.fractions.split(","))
     rows = run(args.model, fractions)
-    return 0 if rows and all(r["measured"] <= r["budget"] for r in rows) else 1
+    return 0 if rows and all(r["ok"] for r in rows) else 1
 
 
 def _cache_command(args: argparse.Namespace) -> int:
@@ -182,6 +184,20 @@ def _cache_command(args: argparse.Namespace) -> int:
         print(f"{r['key'][:12]}  {r.get('created') or '?':24} {r.get('kind') or '?':8} {r.get('function') or '?'}  "
               f"{figures}  [{r['valid']}]")
     return 0
+
+
+def _show_progress(show: bool) -> None:
+    """Progress while planning (remat_opt._progress): off with ``--quiet``; where stderr is no
+    terminal, as log lines on stderr."""
+    if not show:
+        os.environ[ENV] = "0"
+        return
+    progress_logger = logging.getLogger("remat_opt.progress")
+    if not sys.stderr.isatty() and not progress_logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        progress_logger.addHandler(handler)
+        progress_logger.setLevel(logging.INFO)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -215,6 +231,7 @@ def parser() -> argparse.ArgumentParser:
                       help='peak bytes of the step, e.g. "2GiB" or 500000000, or a share of the plain peak '
                       '(remat-opt peak), e.g. 0.6x')
     plan.add_argument("--json", action="store_true", help="print the plan's figures and decisions as JSON")
+    plan.add_argument("-q", "--quiet", action="store_true", help="show no progress while planning")
     plan.add_argument("--report", action="store_true", help="print the table per segment (Plan.report)")
     where = plan.add_mutually_exclusive_group()
     where.add_argument("--cache-dir", help=f"plan cache folder (default ${_cache.CACHE_DIR_ENV} or ~/.cache/remat_opt)")
@@ -222,10 +239,12 @@ def parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="optimize an embedded model at several budgets",
                           description="Optimize an embedded zoo model at budgets given as fractions of its plain "
-                          "peak; exit 1 if XLA measures any plan over its budget.")
+                          "peak, and check each plan's gradients against jax.grad; exit 1 if XLA measures "
+                          "any plan over its budget or a gradient differs.")
     demo.add_argument("--model", default="gpt", choices=sorted(MODELS))
     demo.add_argument("--fractions", default="0.9,0.75,0.6,0.5,0.4",
                       help="budgets as fractions of the plain peak, comma-separated")
+    demo.add_argument("-q", "--quiet", action="store_true", help="show no progress while planning")
 
     cache = sub.add_parser("cache", help="list or clear the plan cache",
                            description="List the cached plans, or delete them all.")
@@ -239,6 +258,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Runs ``remat-opt``; returns the exit code."""
     top = parser()
     args = top.parse_args(argv)
+    _show_progress(not getattr(args, "quiet", False))
     try:
         if args.command == "plan":
             return _plan(top, args)

@@ -35,6 +35,7 @@ from ._inputs import check_call
 from ._loop_planning import LoopCandidate, LoopSearch, body_plans, loop_plans
 from ._lowest import lowest_kept, recall, remember
 from ._mesh import measurer, per_device_error, sharded_twin, with_collectives
+from . import _progress as progress
 from ._plan import Plan, annotate, measured_flops_of, measured_peak_of
 from ._policy_planning import (PolicyCandidate, counted_policies, measured_policies, unmeasured_policies,
                                within_reach)
@@ -155,8 +156,8 @@ class OptimizedFunction:
         collectives: dict[int, int] = {}  # on a mesh, per measured program's id: XLA's collective bytes
         on_mesh = collectives if partitioned is not None else None
         # Candidates are compiled for their figures only; the plan returned, as the user's jit compiles it.
-        measure = measurer(args, kwargs, nums, self.has_aux, on_mesh, figures_only=True)
-        verify = measurer(args, kwargs, nums, self.has_aux, on_mesh)
+        measure = progress.measuring(measurer(args, kwargs, nums, self.has_aux, on_mesh, figures_only=True))
+        verify = progress.measuring(measurer(args, kwargs, nums, self.has_aux, on_mesh))
 
         # The program's key at any budget: what an earlier search of it measured lowest (remat_opt._lowest).
         lowest_key = plan_key(whole, None, options_of(self, argnums), layout_of(args, kwargs, self.interconnect),
@@ -166,7 +167,7 @@ class OptimizedFunction:
             return self._search(traced, whole, graph, args, kwargs, argnums, nums, measure, compiled, lowest_key)
 
         try:
-            planned = verified(search(measure), verify, self.budget_bytes, lambda: search(verify))
+            planned = verified(search(measure), verify, self.budget_bytes, lambda: search(verify))  # stages: _progress
         except InfeasibleBudgetError as err:
             if partitioned is None:
                 raise
@@ -185,6 +186,7 @@ class OptimizedFunction:
                 compiled: Any, lowest_key: str) -> tuple[Plan, Callable[..., Any]]:
         """The plan that fits with the fewest recomputed FLOPs, of all strategies measured."""
         baseline_flops = gradient_flops(self.fn, args, kwargs, nums, self.cost_model, self.has_aux)
+        progress.stage("measuring the plain step")
         graph, whole_graph, plain_peak = self._calibrated(traced, whole, graph, compiled, measure)
         budget = self.budget_bytes
         if budget >= plain_peak:  # fn runs as written, loops and all: model that program
@@ -197,6 +199,7 @@ class OptimizedFunction:
         count_key = lowest_key if names_cost_model(self.cost_model) else None
         # jax.checkpoint around fn with a built-in policy that recomputes nothing:
         # when XLA fits it (it can keep less than fn as written), nothing beats it.
+        progress.stage("JAX's policies")
         policies = counted_policies(self.fn, args, kwargs, nums, self.cost_model, self.has_aux, baseline_flops,
                                     count_key)
         free = measured_policies(policies, budget, measure, below_flops=1)
@@ -269,6 +272,7 @@ class OptimizedFunction:
                               status, gap, seconds, attempts)
 
         budget = self.budget_bytes
+        progress.stage("loop plans")
         search = LoopSearch(self.fn, whole, args, kwargs, argnums, nums, self.cost_model, self.has_aux,
                             whole_graph.plain_storage_scale, baseline_flops, budget, measure, make_plan)
         # CP-SAT's body plans first: a built-in loop plan is measured only if it recomputes less.
@@ -369,12 +373,14 @@ class OptimizedFunction:
         program_of = functools.cache(lambda schedule: self._program(graph, schedule))
         traced_flops = functools.cache(lambda schedule: counted_flops(count_key, schedule, lambda: gradient_flops(
             program_of(schedule), args, kwargs, nums, self.cost_model, self.has_aux)) - baseline_flops)
+        progress.stage("ranking other schedules")
         tiers = outside_tiers(graph, budget, ceiling_flops, self.MODEL_SLACK, self.MEASURED_CANDIDATES, traced_flops)
         seconds = time.perf_counter() - started
         measured_plans: list[tuple[Plan, Callable[..., Any]]] = []
         for tier in tiers:
             fitting = []
             for k, (schedule, sim) in enumerate(tier, 1):
+                progress.stage("other schedules: candidate", k, len(tier))
                 program = program_of(schedule)
                 measured = measure(program)
                 logger.info("candidate %d/%d (%d-level schedule): measured %s, predicted %s", k, len(tier),

@@ -36,6 +36,7 @@ from ._cache import (
     report,
     write_entry,
 )
+from . import _progress as progress
 from ._errors import InfeasibleBudgetError
 from ._plan import Plan, annotate, measured_flops_of
 from .memory._facts import model_graph, unknown_of
@@ -96,6 +97,12 @@ def restored(optimized: Any, entry: dict, whole: TracedProgram, args: tuple, kwa
 
 
 def cached_plan(optimized: Any, args: tuple, kwargs: dict) -> tuple[Plan, Callable[..., Any]]:
+    """The plan of :func:`cached_or_new_plan`, its progress shown while it takes time (:mod:`remat_opt._progress`)."""
+    with progress.planning(getattr(optimized.fn, "__name__", "fn"), optimized.budget_bytes):
+        return cached_or_new_plan(optimized, args, kwargs)
+
+
+def cached_or_new_plan(optimized: Any, args: tuple, kwargs: dict) -> tuple[Plan, Callable[..., Any]]:
     """The plan of a trusted entry of ``optimized``'s persistent cache, else
     the one its planner makes (``optimized._make_plan``), then kept there.
 
