@@ -120,7 +120,8 @@ def optimize(
                                          argument=flag, value=value)
     _check_type("interconnect", interconnect, Interconnect)
     if not isinstance(cache, (bool, str, os.PathLike)):
-        raise InvalidOptionTypeError(f"cache must be True, False or a folder (str or os.PathLike); got {short_repr(cache)}. "
+        raise InvalidOptionTypeError("cache must be True, False or a folder (str or os.PathLike); got "
+                                     f"{short_repr(cache)}. "
                                      "Pass one of those.", argument="cache", value=cache)
     return OptimizedFunction(fn, budget, argnums, solver_options or SolverOptions(), max_attempts, cost_model,
                              has_aux, unroll_scans, compute_saved_once, xla_facts, cache,

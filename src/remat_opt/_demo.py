@@ -88,7 +88,7 @@ def run(model: str = "gpt", fractions: tuple[float, ...] = (0.9, 0.75, 0.6, 0.5,
         rows.append(row)
         predicted = "-" if row["predicted"] is None else format_bytes(row["predicted"])
         print(f"{format_bytes(budget):>11} {predicted:>11} {format_bytes(row['measured']):>11} "
-              f"{row['overhead']:>8.1%} {error:>9.1e} {row['solve_s']:>8.1f} {row['total_s']:>8.1f}  "
+              f"{row['overhead']:>9.1%} {error:>9.1e} {row['solve_s']:>8.1f} {row['total_s']:>8.1f}  "
               f"{row['status']}", flush=True)
     print(summary(rows, len(fractions), time.perf_counter() - started), flush=True)
     return rows

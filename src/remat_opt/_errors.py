@@ -62,8 +62,8 @@ class _Brief:
 
 
 def short_repr(value: Any, limit: int = REPR_LIMIT) -> str:
-    """``repr(value)`` for an error message: arrays of more than :data:`SMALL_ARRAY` elements as ``float32[256,256]``, the whole cut to
-    ``limit`` characters (saying how long it was).
+    """``repr(value)`` for an error message: arrays of more than :data:`SMALL_ARRAY` elements
+    as ``float32[256,256]``, the whole cut to ``limit`` characters (saying how long it was).
 
     Example:
         >>> import numpy as np
@@ -231,7 +231,8 @@ class InfeasibleBudgetError(RematOptError, ValueError):
         if lower_bound:
             message = (
                 f"budget_bytes={budget} is below what every gradient step of this program holds, whatever it "
-                f"recomputes: its parameters, inputs, gradients and loss outputs take {_describe_bytes(min_budget_bytes)}, "
+                "recomputes: its parameters, inputs, gradients and loss outputs take "
+                f"{_describe_bytes(min_budget_bytes)}, "
                 "and XLA's temporaries come on top. Pass a larger budget; remat_opt.peak_bytes(fn, *args) "
                 "gives the step's peak without remat."
             )

@@ -11,8 +11,8 @@ A quicker plan, or one loaded from the plan cache, shows nothing.
 ``REMAT_OPT_PROGRESS=0`` silences it; ``=1`` shows it everywhere, under pytest
 too, where it is silent by default (a test's output stays its own). The planner
 reports through module functions (:func:`stage`, :func:`measuring`) that do
-nothing outside :func:`planning`; a plan inside a plan (``optimize_step``'s
-loss, a baseline's search) reports on its caller's line.
+nothing outside :func:`planning`; a plan started inside another reports on
+the outer one's line.
 """
 
 from __future__ import annotations
@@ -65,7 +65,8 @@ class Progress:
         self._lock = threading.Lock()
 
     def line(self) -> str:
-        """The progress line: ``loss under 45.98 MiB · CP-SAT solve 2/4 · 7 compiled, best 41.17 MiB (fits) · 23 s``."""
+        """The progress line, e.g.
+        ``remat_opt: loss under 45.98 MiB · CP-SAT solve 2/4 · 7 compiled, best 41.17 MiB (fits) · 23 s``."""
         parts = [self.what, self.doing]
         if self.lowest is not None:
             fits = "fits" if self.lowest <= self.budget else "over"
@@ -124,7 +125,8 @@ def planning(name: str, budget: int, stream: TextIO | None | bool = True) -> Ite
     if _current.get() is not None or not enabled():
         yield None
         return
-    progress = Progress(f"{name} under {format_bytes(budget)}", budget, _terminal() if stream is True else stream or None)
+    terminal = _terminal() if stream is True else stream or None
+    progress = Progress(f"{name} under {format_bytes(budget)}", budget, terminal)
     token = _current.set(progress)
     stop = threading.Event()
     ticker = None

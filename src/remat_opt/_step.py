@@ -144,7 +144,8 @@ def optimize_step(
         True
     """
     if not callable(make_step):
-        raise InvalidOptionTypeError(f"make_step must be callable; got {short_repr(make_step)}. Pass a function of the loss "
+        raise InvalidOptionTypeError(f"make_step must be callable; got {short_repr(make_step)}. "
+                                     "Pass a function of the loss "
                                      "that returns the training step.", argument="make_step", value=make_step)
     budget = parse_bytes(budget_bytes, argument="budget_bytes")
     donate = _donate_argnums(donate_argnums, len(step_args))
