@@ -65,12 +65,12 @@ class Progress:
         self._lock = threading.Lock()
 
     def line(self) -> str:
-        """The progress line, e.g.
-        ``remat_opt: loss under 45.98 MiB · CP-SAT solve 2/4 · 7 compiled, best 41.17 MiB (fits) · 23 s``."""
+        """The progress line, e.g. ``remat_opt: loss under 45.98 MiB · CP-SAT solve 2/4 · 7 compiled,
+        lowest peak 41.17 MiB (fits) · 23 s``: the best so far in memory, as XLA measured it."""
         parts = [self.what, self.doing]
         if self.lowest is not None:
             fits = "fits" if self.lowest <= self.budget else "over"
-            parts.append(f"{self.compiles} compiled, best {format_bytes(self.lowest)} ({fits})")
+            parts.append(f"{self.compiles} compiled, lowest peak {format_bytes(self.lowest)} ({fits})")
         parts.append(f"{self.clock() - self.started:.0f} s")
         return "remat_opt: " + " · ".join(parts)
 
