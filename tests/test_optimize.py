@@ -136,8 +136,12 @@ def test_infeasible_budget_names_a_feasible_one(small_mlp):
     step = remat_opt.optimize(fn, 1024)
     with pytest.raises(InfeasibleBudgetError) as info:
         step.plan(params, x)
+    assert info.value.lower_bound  # under the step's arguments and outputs: refused before a search
+    floor = info.value.min_budget_bytes
+    with pytest.raises(InfeasibleBudgetError) as info:
+        remat_opt.optimize(fn, floor).plan(params, x)
     feasible = info.value.min_budget_bytes
-    assert feasible > 1024 and "budget_bytes" in str(info.value)
+    assert feasible > 1024 and "budget_bytes" in str(info.value) and not info.value.lower_bound
     plan = remat_opt.optimize(fn, feasible).plan(params, x)
     assert plan.measured_peak_bytes <= feasible
 
