@@ -98,7 +98,9 @@ def optimize(
         InvalidBudgetTypeError: ``budget_bytes`` has the wrong type.
         InvalidBudgetError: ``budget_bytes`` is not a positive size.
         InfeasibleBudgetError: (on first call) no plan fits on XLA, not even the
-            lowest-memory one; carries ``min_budget_bytes``, a budget XLA confirms.
+            lowest-memory one; carries ``min_budget_bytes``, a budget XLA confirms. Or, at
+            once, the budget is under the step's arguments and outputs (``lower_bound``:
+            ``min_budget_bytes`` is their bytes, which no plan goes under).
 
     Example:
         >>> import jax, jax.numpy as jnp, remat_opt
