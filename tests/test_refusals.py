@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 import remat_opt
-from remat_opt import InfeasibleBudgetError, _lowest
+from remat_opt import InfeasibleBudgetError, _lowest, format_bytes
 from remat_opt import _optimize
+from remat_opt._cli import main
 from remat_opt._floor import floor_of
 from remat_opt.memory._measure import traced_step
 
@@ -113,7 +114,7 @@ def test_the_figure_named_does_not_depend_on_what_ran_before():
     assert str(alone).startswith(str(after.value).split(" (")[0])
 
 
-def test_a_refusal_is_kept_in_the_plan_cache(tmp_path, monkeypatch):
+def test_a_refusal_is_kept_in_the_plan_cache(tmp_path, monkeypatch, capsys):
     """A later process (here: the process's memory cleared) with the cache warm is refused at
     once, with the same figure, without planning."""
     params, x = _tall()
@@ -130,6 +131,8 @@ def test_a_refusal_is_kept_in_the_plan_cache(tmp_path, monkeypatch):
         remat_opt.optimize(wide_mlp, budget, cache=tmp_path).plan(params, x)
     assert (again.value.min_budget_bytes, again.value.budget_bytes) == (first.value.min_budget_bytes, budget)
     assert again.value.schedule == first.value.schedule and "remembered by the plan cache" in str(again.value)
+    main(["cache", "list", "--dir", str(tmp_path)])  # listed as a refusal, with its figure
+    assert f"refused, lowest {format_bytes(first.value.min_budget_bytes)}" in capsys.readouterr().out
     # Another budget is another question: it is planned.
     with pytest.raises(AssertionError, match="planned again"):
         remat_opt.optimize(wide_mlp, budget + 1, cache=tmp_path).plan(params, x)
