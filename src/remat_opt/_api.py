@@ -9,7 +9,7 @@ from typing import Any
 from ._budget import parse_bytes
 import jax
 
-from ._errors import InvalidBudgetError, InvalidOptionError, InvalidOptionTypeError
+from ._errors import InvalidBudgetError, InvalidOptionError, InvalidOptionTypeError, short_repr
 from ._inputs import check_argnums, check_call
 from ._optimize import OptimizedFunction
 from .memory._measure import peak_bytes as measured_peak
@@ -110,7 +110,9 @@ def optimize(
         InvalidBudgetTypeError: ``budget_bytes`` has the wrong type.
         InvalidBudgetError: ``budget_bytes`` is not a positive size.
         InfeasibleBudgetError: (on first call) no plan fits on XLA, not even the
-            lowest-memory one; carries ``min_budget_bytes``, a budget XLA confirms.
+            lowest-memory one; carries ``min_budget_bytes``, a budget XLA confirms. Or, at
+            once, the budget is under the step's arguments and outputs (``lower_bound``:
+            ``min_budget_bytes`` is their bytes, which no plan goes under).
 
     Example:
         >>> import jax, jax.numpy as jnp, remat_opt
@@ -131,11 +133,12 @@ def optimize(
     check_count("unroll_scans", unroll_scans, 0, " (0 keeps scans whole)")
     for flag, value in (("has_aux", has_aux), ("compute_saved_once", compute_saved_once), ("xla_facts", xla_facts)):
         if not isinstance(value, bool):
-            raise InvalidOptionTypeError(f"{flag} must be a bool; got {value!r}. Pass True or False.",
+            raise InvalidOptionTypeError(f"{flag} must be a bool; got {short_repr(value)}. Pass True or False.",
                                          argument=flag, value=value)
     _check_type("interconnect", interconnect, Interconnect)
     if not isinstance(cache, (bool, str, os.PathLike)):
-        raise InvalidOptionTypeError(f"cache must be True, False or a folder (str or os.PathLike); got {cache!r}. "
+        raise InvalidOptionTypeError("cache must be True, False or a folder (str or os.PathLike); got "
+                                     f"{short_repr(cache)}. "
                                      "Pass one of those.", argument="cache", value=cache)
     return OptimizedFunction(fn, budget, argnums, solver_options or SolverOptions(), max_attempts, cost_model,
                              has_aux, unroll_scans, compute_saved_once, xla_facts, cache,
@@ -201,13 +204,13 @@ def check_count(option: str, value: Any, minimum: int, note: str = "") -> None:
     option's kind in the error."""
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         kind = "a positive int" if minimum == 1 else "a non-negative int"
-        raise InvalidOptionError(f"{option} must be {kind}{note}; got {value!r}. Pass {minimum} or more.",
+        raise InvalidOptionError(f"{option} must be {kind}{note}; got {short_repr(value)}. Pass {minimum} or more.",
                                  argument=option, value=value)
 
 
 def _check_callable(fn: Any) -> None:
     if not callable(fn):
-        raise InvalidOptionTypeError(f"fn must be callable; got {fn!r} ({type(fn).__name__}). Pass the loss "
+        raise InvalidOptionTypeError(f"fn must be callable; got {short_repr(fn)} ({type(fn).__name__}). Pass the loss "
                                      "function itself.", argument="fn", value=fn)
 
 

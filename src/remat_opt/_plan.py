@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import networkx as nx
@@ -186,11 +187,12 @@ class Plan:
         """
         return _report.report(self, fragmentation)
 
-    def to_dot(self, path: str | os.PathLike) -> None:
+    def to_dot(self, path: str | os.PathLike) -> Path:
         """Writes :attr:`graph` as Graphviz DOT, through networkx's pydot export
         (needs ``pydot``: ``pip install remat_opt[plot]``); nodes are coloured by
-        decision and labelled with primitive, shape and source line."""
-        _report.to_dot(self, path)
+        decision and labelled with primitive, shape and source line. Returns the
+        file's path, e.g. for ``dot -Tsvg``."""
+        return _report.to_dot(self, path)
 
     def plot(self, path: str | os.PathLike | None = None) -> Any:
         """The model's peak per segment against the budget and XLA's measured

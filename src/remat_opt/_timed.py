@@ -40,6 +40,7 @@ from typing import Any
 
 import jax
 
+from . import _progress as progress
 from ._budget import format_bytes
 from ._errors import InfeasibleBudgetError
 from ._plan import Plan, Timed, annotate
@@ -224,12 +225,14 @@ class _Search:
         of budgets) is not compiled or run again (:func:`_measured`)."""
         call, known = self.call, _measured(self.call)
         fresh = [c for c in candidates if c.label not in known]
+        progress.stage(f"step-time search: compiling {len(fresh)} candidate(s) in parallel")
         compiled = compile_steps([c.program for c in fresh], call.args, call.kwargs, call.nums, call.has_aux)
         known.update({c.label: (result, None) for c, result in zip(fresh, compiled)})
         out = []
         for candidate in candidates:
             result, seconds = known[candidate.label]
             if seconds is None and result.peak_bytes is not None and result.peak_bytes <= call.budget:
+                progress.stage(f"step-time search: running {candidate.label}")
                 seconds = step_seconds(result, self.inputs(result), call.repeats)
                 known[candidate.label] = (result, seconds)
             fits = result.peak_bytes is not None and result.peak_bytes <= call.budget
