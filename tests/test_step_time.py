@@ -141,3 +141,26 @@ def test_the_step_time_table_runs_where_it_is(tmp_path):
     assert len(plans) == 4
     for r in plans:
         assert r["exception"] or (r["fits"] == "True" and float(r["grad_error_over_tolerance"]) <= 1.0), r
+
+
+def test_a_timed_plan_is_kept_on_disk_and_loaded_as_made(mlp_args, tmp_path, monkeypatch):
+    plain = remat_opt.peak_bytes(residual_mlp, *mlp_args)
+    budget = int(0.8 * plain)
+
+    def loss(params, x):  # measured by no other test of this process
+        return residual_mlp(params, x)
+
+    made = remat_opt.optimize(loss, budget, objective="time", cache=tmp_path).plan(*mlp_args)
+    assert made.layer_plan is not None
+    # A later process: nothing is compiled or run again.
+    monkeypatch.setattr("remat_opt._optimize.timed_plan", lambda call: pytest.fail("planned again"))
+    step = remat_opt.optimize(loss, budget, objective="time", cache=tmp_path)
+    loaded = step.plan(*mlp_args)
+    assert (loaded.layer_plan, loaded.measured_peak_bytes, loaded.step_seconds, loaded.timed) == (
+        made.layer_plan, made.measured_peak_bytes, made.step_seconds, made.timed)
+    assert remat_opt.peak_bytes(step, *mlp_args) == made.measured_peak_bytes
+    assert close(jax.jit(jax.grad(step))(*mlp_args), jax.grad(residual_mlp)(*mlp_args))
+    # A plan made for FLOPs is not served for time, nor the other way round.
+    monkeypatch.undo()
+    flops = remat_opt.optimize(loss, budget, objective="flops", cache=tmp_path).plan(*mlp_args)
+    assert flops.status != "TIMED"

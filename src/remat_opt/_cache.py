@@ -47,17 +47,18 @@ import jax
 from jax.extend import core
 
 from ._errors import InfeasibleBudgetError
-from ._plan import Plan
+from ._plan import Plan, Timed
 from ._schedule import Schedule
 from .memory._measure import traced_step
 from .memory._sharded import Collective, is_sharded
 from .program._static import mesh_sharding, split
 from .program._trace import TracedProgram
+from .rewrite._layers import LayerPlan
 from .rewrite._loops import LoopPlan
 
 CACHE_DIR_ENV = "REMAT_OPT_CACHE_DIR"
 FORMAT = 1
-KINDS = ("plain", "schedule", "loop", "policy", "lowest", "refused")
+KINDS = ("plain", "schedule", "loop", "policy", "layers", "lowest", "refused")
 """What an entry restores: the function as written, a schedule on the traced
 program, a loop plan on the program with its scans whole, or ``jax.checkpoint``
 around the whole function with a built-in policy; or, under the program's key
@@ -65,7 +66,8 @@ for any budget, the lowest-memory schedule XLA measured (:mod:`remat_opt._lowest
 or the :class:`remat_opt.InfeasibleBudgetError` a budget was refused with (a refusal
 costs a search as a plan does, and the same program at the same budget is refused again)."""
 
-_PLAN_FIELDS = tuple(f.name for f in dataclasses.fields(Plan) if f.name not in ("graph", "schedule", "loop_plan"))
+_PLAN_FIELDS = tuple(f.name for f in dataclasses.fields(Plan)
+                     if f.name not in ("graph", "schedule", "loop_plan", "layer_plan", "timed"))
 
 
 class CacheWarning(UserWarning):
@@ -129,6 +131,7 @@ def options_of(optimized: Any, argnums: tuple[int, ...]) -> dict[str, Any]:
         "xla_facts": optimized.xla_facts,
         "has_aux": optimized.has_aux,
         "argnums": list(argnums),
+        "objective": "time" if optimized.minimises_time() else "flops",
         "cost_model": model,
         "search": {k: getattr(optimized, k) for k in dir(type(optimized)) if k.isupper()},
     }
@@ -205,6 +208,8 @@ def plan_kind(plan: Plan) -> str | None:
         return None
     if plan.loop_plan is not None:
         return "loop"
+    if plan.layer_plan is not None:
+        return "layers"
     if plan.whole_policy is not None:
         return "policy"
     return "plain" if plan.status == "PLAIN" else "schedule"
@@ -218,9 +223,13 @@ def plan_entry(plan: Plan, kind: str, function: str) -> dict[str, Any]:
     figures["collectives"] = [dataclasses.asdict(c) for c in plan.collectives]
     loop = None if plan.loop_plan is None else {"policy": plan.loop_plan.policy, "chunks": plan.loop_plan.chunks,
                                                 "saved": plan.loop_plan.saved, "body": plan.loop_plan.body}
+    layers = None if plan.layer_plan is None else {
+        "bounds": list(plan.layer_plan.bounds), "fenced": plan.layer_plan.fenced,
+        "policies": [list(p) if isinstance(p, tuple) else p for p in plan.layer_plan.policies]}
     return {"versions": versions(), "kind": kind, "function": function,
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "plan": figures,
-            "schedule": json.loads(plan.schedule.to_json()), "loop_plan": loop}
+            "schedule": json.loads(plan.schedule.to_json()), "loop_plan": loop, "layer_plan": layers,
+            "timed": [dataclasses.asdict(t) for t in plan.timed]}
 
 
 def refusal_entry(err: InfeasibleBudgetError, function: str) -> dict[str, Any]:
@@ -265,6 +274,15 @@ def entry_loop_plan(entry: Mapping[str, Any]) -> LoopPlan | None:
                     loop.get("body", "scan"))
 
 
+def entry_layer_plan(entry: Mapping[str, Any]) -> LayerPlan | None:
+    """The entry's layer plan, if it is one (entries written before layer plans have none)."""
+    layers = entry.get("layer_plan")
+    if layers is None:
+        return None
+    policies = tuple(tuple(p) if isinstance(p, list) else p for p in layers["policies"])
+    return LayerPlan(tuple(int(b) for b in layers["bounds"]), policies, bool(layers["fenced"]))
+
+
 def plan_from_entry(entry: Mapping[str, Any], graph: Any) -> Plan:
     """The cached plan, with ``graph`` (the annotated networkx graph, rebuilt).
 
@@ -279,7 +297,12 @@ def plan_from_entry(entry: Mapping[str, Any], graph: Any) -> Plan:
         figures["collectives"] = tuple(Collective(**{**c, "kinds": tuple(c["kinds"])}) for c in figures["collectives"])
     except (TypeError, KeyError) as err:
         raise CacheEntryError(f"holds collectives that do not read back ({err})") from err
-    return Plan(graph=graph, schedule=entry_schedule(entry), loop_plan=entry_loop_plan(entry), **figures)
+    try:
+        timed = tuple(Timed(**t) for t in entry.get("timed", ()))
+    except TypeError as err:
+        raise CacheEntryError(f"holds step times that do not read back ({err})") from err
+    return Plan(graph=graph, schedule=entry_schedule(entry), loop_plan=entry_loop_plan(entry),
+                layer_plan=entry_layer_plan(entry), timed=timed, **figures)
 
 
 def entry_path(directory: Path, key: str) -> Path:

@@ -132,10 +132,7 @@ class OptimizedFunction:
             if twin is not None:
                 return twin
             check_call(self.fn, args, kwargs, self.argnums, self.has_aux)  # remat_opt._inputs: typed errors
-            if self.minimises_time():
-                self._cache[key] = self._timed_plan(specs, kwargs_specs)
-            else:
-                self._cache[key] = cached_plan(self, specs, kwargs_specs)
+            self._cache[key] = cached_plan(self, specs, kwargs_specs)
         return self._cache[key]
 
     def minimises_time(self) -> bool:
@@ -151,11 +148,12 @@ class OptimizedFunction:
         refused = floor_refusal(self.fn, args, kwargs, nums, self.has_aux, self.budget_bytes)
         if refused is not None:  # under the step's arguments and outputs: no search can help (remat_opt._floor)
             raise refused
-        with progress.planning(getattr(self.fn, "__name__", "fn"), self.budget_bytes):
-            return timed_plan(TimedCall(self.fn, args, kwargs, argnums, nums, self.has_aux, self.budget_bytes,
-                                        self.cost_model))
+        return timed_plan(TimedCall(self.fn, args, kwargs, argnums, nums, self.has_aux, self.budget_bytes,
+                                    self.cost_model))
 
     def _make_plan(self, args: tuple, kwargs: dict) -> tuple[Plan, Callable[..., Any]]:
+        if self.minimises_time():
+            return self._timed_plan(args, kwargs)
         argnums = normalize_argnums(self.argnums, len(args))
         traced = trace(self.fn, args, kwargs, argnums, self.unroll_scans)
         # fn as written, loops whole: what a plain plan and the loop plans run.

@@ -19,6 +19,7 @@ from ._cache import (
     CacheEntryError,
     cache_directory,
     derivative_text,
+    entry_layer_plan,
     entry_loop_plan,
     entry_path,
     entry_refusal,
@@ -47,6 +48,7 @@ from .memory._simulate import simulate
 from .program._manual import planned_body
 from .program._trace import TracedProgram, grad_argnums, normalize_argnums, trace, with_signature
 from .rewrite._apply import apply_schedule
+from .rewrite._layers import layer_program
 from .rewrite._loops import loop_program
 from .rewrite._policies import policy_program
 
@@ -68,6 +70,12 @@ def restored(optimized: Any, entry: dict, whole: TracedProgram, args: tuple, kwa
             raise CacheEntryError("is a loop plan's entry without a loop plan")
         program = with_signature(fn, whole, loop_program(whole, loop_plan))
         graph = model_graph(trace(program, args, kwargs, argnums), cost_model)
+    elif kind == "layers":
+        layer_plan = entry_layer_plan(entry)
+        if layer_plan is None or layer_plan.bounds[-1] != len(whole.jaxpr.jaxpr.eqns):
+            raise CacheEntryError("holds no layer plan for the program traced now")
+        program = with_signature(fn, whole, layer_program(whole, layer_plan))
+        graph = model_graph(whole, cost_model)
     elif kind == "plain":
         program, graph = fn, model_graph(whole, cost_model)
     elif kind == "policy":

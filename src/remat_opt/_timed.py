@@ -286,7 +286,7 @@ def _plan(call: TimedCall, traced: TracedProgram, best: Candidate, plain: Candid
         graph=annotate(graph, sim), budget_bytes=call.budget, predicted_peak_bytes=None,
         measured_peak_bytes=best.peak_bytes, plain_peak_bytes=plain.peak_bytes,
         recompute_flops=flops - baseline, measured_recompute_flops=flops - baseline, baseline_flops=baseline,
-        status="TIMED", gap=1.0, solve_seconds=seconds, attempts=len(tried), schedule=None,
+        status="TIMED", gap=1.0, solve_seconds=seconds, attempts=len(tried), schedule=Schedule(plain=True),
         jax_version=jax.__version__, loop_plan=best.loop_plan, layer_plan=best.layer_plan,
         step_seconds=best.step_seconds, plain_step_seconds=plain.step_seconds,
         timed=tuple(c.figure() for c in order),
