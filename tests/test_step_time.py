@@ -164,3 +164,24 @@ def test_a_timed_plan_is_kept_on_disk_and_loaded_as_made(mlp_args, tmp_path, mon
     monkeypatch.undo()
     flops = remat_opt.optimize(loss, budget, objective="flops", cache=tmp_path).plan(*mlp_args)
     assert flops.status != "TIMED"
+
+
+@pytest.mark.parametrize("policy", ["nothing_saveable", "dots_with_no_batch_dims_saveable", "dots_saveable"])
+def test_on_the_cpu_no_fenced_per_layer_policy_recomputes_less(mlp_args, policy):
+    # The FLOP search (the CPU's default) at the peak of a per-layer policy a user could write with
+    # remat_opt's fence, on layers found in a plain loop over layer dicts: it fits, and recomputes no
+    # more FLOPs than that policy.
+    from remat_opt._timed import per_layer_plan
+    from remat_opt.memory._measure import gradient_flops
+
+    traced = trace(residual_mlp, mlp_args, {}, (0,))
+    layers = layers_of(traced)
+    plan = per_layer_plan(layers, [policy] * layers.count, fenced=True)
+    baseline = with_signature(residual_mlp, traced, layer_program(traced, plan))
+    budget = remat_opt.peak_bytes(baseline, *mlp_args)
+    flops = gradient_flops(baseline, mlp_args, {}, 0) - gradient_flops(residual_mlp, mlp_args, {}, 0)
+    step = remat_opt.optimize(residual_mlp, budget, cache=False)
+    ours = step.plan(*mlp_args)
+    assert ours.fits and remat_opt.peak_bytes(step, *mlp_args) <= budget
+    assert ours.measured_recompute_flops <= flops
+    assert close(jax.jit(jax.grad(step))(*mlp_args), jax.grad(residual_mlp)(*mlp_args))

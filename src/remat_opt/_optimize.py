@@ -43,6 +43,7 @@ from ._restore import cached_plan
 from ._schedule import Schedule, Simulation
 from ._steering import Steering, steered_plan
 from ._timed import TimedCall, timed_plan
+from ._layer_policies import cheapest_fitting, counted_layer_policies
 from ._verify import verified
 from .memory._facts import check_known, model_graph, read_plain, with_memory_facts
 from .memory._measure import Signature, abstract, gradient_flops, signature
@@ -247,6 +248,10 @@ class OptimizedFunction:
         choices = [p for p in (planned, other, best_loop) if p is not None]
         best = min(choices, key=lambda p: measured_flops_of(p[0]), default=None)
         ceiling = None if best is None else measured_flops_of(best[0])
+        # The per-layer policies a user writes (remat_opt._layer_policies): only one that recomputes less.
+        best = self._layer_policy_plan(whole, whole_graph, args, kwargs, nums, measure, ceiling, baseline_flops,
+                                       plain_peak) or best
+        ceiling = None if best is None else measured_flops_of(best[0])
         tried = [*free, *measured_policies(policies, budget, measure, below_flops=ceiling, above_flops=0,
                                            admit=lambda p: within_reach(whole_graph, p, budget, self.MODEL_SLACK))]
         seconds = clock.seconds + loop_seconds  # every solve of this call, whichever wins
@@ -261,6 +266,23 @@ class OptimizedFunction:
         if tried and tried[-1].measured <= budget:
             return self._policy_plan(whole_graph, tried[-1], plain_peak, baseline_flops, seconds)
         raise self._nothing_fits(lowest_key, budget, infeasible, loops, tried, lowest_other)
+
+    def _layer_policy_plan(self, whole: TracedProgram, whole_graph: ProgramGraph, args: tuple, kwargs: dict,
+                           nums: Any, measure: Callable[[Callable[..., Any]], int], below_flops: int | None,
+                           baseline_flops: int, plain_peak: int) -> tuple[Plan, Callable[..., Any]] | None:
+        """The fenced per-layer built-in policy that XLA fits with the fewest FLOPs, if it recomputes
+        fewer than ``below_flops``; the model does not describe its program (no prediction)."""
+        progress.stage("per-layer policies")
+        counted = counted_layer_policies(self.fn, whole, args, kwargs, nums, self.cost_model, self.has_aux,
+                                         baseline_flops)
+        found = cheapest_fitting(counted, self.budget_bytes, measure, below_flops)
+        if found is None:
+            return None
+        status, gap = ("FEASIBLE", 1.0) if found.flops > 0 else ("OPTIMAL", 0.0)
+        plan = self._plan(whole_graph, simulate(whole_graph, Schedule(plain=True)), Schedule(plain=True),
+                          found.measured, plain_peak, found.flops, baseline_flops, status, gap, 0.0, 1)
+        return dataclasses.replace(plan, predicted_peak_bytes=None, recompute_flops=found.flops, segment_peaks=(),
+                                   layer_plan=found.plan), found.program
 
     def _calibrated(self, traced: TracedProgram, whole: TracedProgram, graph: ProgramGraph, compiled: Any,
                     measure: Callable[[Callable[..., Any]], int]) -> tuple[ProgramGraph, ProgramGraph, int]:

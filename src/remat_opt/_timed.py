@@ -65,6 +65,14 @@ UNDONE = 0.75
 have been undone by the compiler; the fenced ones are then measured too."""
 
 
+def per_layer_plan(layers: Layers, per_layer: Sequence[StagePolicy], fenced: bool) -> LayerPlan:
+    """The layer plan with ``per_layer[i]`` on layer ``i`` and the prefix and suffix as written."""
+    policies: list[StagePolicy] = [None] * (len(layers.bounds()) - 1)
+    for stage, policy in zip(layers.layer_stages(), per_layer):
+        policies[stage] = policy
+    return LayerPlan(layers.bounds(), tuple(policies), fenced)
+
+
 @dataclass(frozen=True)
 class Candidate:
     """A program the search may return, and what the device said of it."""
@@ -134,10 +142,7 @@ class _Search:
 
     def layer_candidate(self, per_layer: Sequence[StagePolicy], label: str, fenced: bool) -> Candidate:
         assert self.layers is not None
-        policies: list[StagePolicy] = [None] * len(self.layers.bounds()[:-1])
-        for stage, policy in zip(self.layers.layer_stages(), per_layer):
-            policies[stage] = policy
-        plan = LayerPlan(self.layers.bounds(), tuple(policies), fenced)
+        plan = per_layer_plan(self.layers, per_layer, fenced)
         program = with_signature(self.call.fn, self.traced, layer_program(self.traced, plan))
         return Candidate(label + (" (fenced)" if fenced else ""), program, layer_plan=plan)
 
