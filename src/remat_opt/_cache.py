@@ -214,7 +214,8 @@ def plan_entry(plan: Plan, kind: str, function: str) -> dict[str, Any]:
     figures = {name: getattr(plan, name) for name in _PLAN_FIELDS}
     figures["collectives"] = [dataclasses.asdict(c) for c in plan.collectives]
     loop = None if plan.loop_plan is None else {"policy": plan.loop_plan.policy, "chunks": plan.loop_plan.chunks,
-                                                "saved": plan.loop_plan.saved, "body": plan.loop_plan.body}
+                                                "saved": plan.loop_plan.saved, "body": plan.loop_plan.body,
+                                                "names": plan.loop_plan.names}
     return {"versions": versions(), "kind": kind, "function": function,
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "plan": figures,
             "schedule": json.loads(plan.schedule.to_json()), "loop_plan": loop}
@@ -231,8 +232,9 @@ def entry_loop_plan(entry: Mapping[str, Any]) -> LoopPlan | None:
     if loop is None:
         return None
     saved = loop.get("saved")
+    names = loop.get("names")
     return LoopPlan(loop["policy"], int(loop["chunks"]), None if saved is None else tuple(saved),
-                    loop.get("body", "scan"))
+                    loop.get("body", "scan"), None if names is None else tuple(names))
 
 
 def plan_from_entry(entry: Mapping[str, Any], graph: Any) -> Plan:
