@@ -59,6 +59,7 @@ from remat_opt._cache import list_entries
 from remat_opt.baselines._reference import policy_plan, reference
 from remat_opt.memory._measure import traced_step
 from remat_opt.memory._sharded import collective_bytes
+from remat_opt.program._traced_layout import traced_layout
 from remat_opt.rewrite._policies import layer_policy_program
 from remat_opt.zoo import mlp
 
@@ -257,9 +258,19 @@ def under_jit(loss, args, budget: int, made: remat_opt.Plan) -> dict:
     except remat_opt.InfeasibleBudgetError as err:
         return {"error": str(err), "compiles": None, "same": False}
     plan, compiles = count_compiles(lambda: step.plan(*args))
+    # Inside a jit of more arguments, in another order, the tracers still find their arrays' layout.
+    seen = []
+
+    def probe(params, batch):
+        seen.extend(traced_layout(jax.tree.leaves((params, batch))))
+        return loss(params, batch)
+
+    extra = jax.device_put(jnp.zeros(8), NamedSharding(jax.tree.leaves(args)[0].sharding.mesh, P()))
+    jax.jit(lambda e, batch, params: jax.grad(probe)(params, batch)).lower(extra, args[1], args[0])
     same = (plan.schedule == made.schedule and plan.loop_plan == made.loop_plan
             and plan.whole_policy == made.whole_policy and plan.measured_peak_bytes == made.measured_peak_bytes)
-    return {"error": None, "compiles": compiles, "same": same, "measured": plan.measured_peak_bytes}
+    return {"error": None, "compiles": compiles, "same": same, "measured": plan.measured_peak_bytes,
+            "reordered_layouts_found": seen == [a.sharding for a in jax.tree.leaves(args)]}
 
 
 def cached(loss, args, budget: int, made: remat_opt.Plan, folder: str) -> dict:

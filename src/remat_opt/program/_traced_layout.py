@@ -8,9 +8,10 @@ in order, from:
 2. the enclosing ``jax.jit`` call being traced: the ``in_shardings`` it was given, else the
    sharding of the array it was passed. JAX keeps them in that call's frame, not in the traced
    values: on ``Auto`` mesh axes a tracer's type records the mesh, never how the array is
-   split over it (jax 0.10). The call's array leaves are matched to this call's by position,
-   and only when the two lists have the same shapes and dtypes (``jax.jit(jax.grad(f))(*args)``,
-   ``eqx.filter_jit``); a ``jit`` around more than ``f``'s arguments gives nothing;
+   split over it (jax 0.10). Each tracer is matched to the call's argument it wraps (under
+   ``jax.grad``'s tracers, the ``jit``'s own argument tracer); failing that, by position, when
+   the call's array arguments have the leaves' shapes and dtypes in order. A value computed
+   inside the ``jit`` (not an argument of it) gives nothing;
 3. the tracer's type (``jax.typeof(x).sharding``), where JAX records the layout: on a mesh of
    ``Explicit`` axes only, and with a concrete mesh of the same shape known.
 
@@ -61,11 +62,16 @@ def _concrete(x: Any) -> Any:
 
 
 def _jit_shardings(leaves: Sequence[Any]) -> list[jax.sharding.Sharding | None] | None:
-    """The shardings of the innermost ``jax.jit`` call being traced, matched to ``leaves``."""
+    """The shardings of the innermost ``jax.jit`` call being traced, matched to ``leaves``: each
+    leaf whose value under its JVP tracers is one of the call's argument tracers takes that
+    argument's; failing that for any leaf, by position, when the call's array arguments have the
+    leaves' shapes and dtypes in the same order."""
     try:
-        frame = sys._getframe(1)
+        frame, arg_tracers = sys._getframe(1), None
         while frame is not None and not (frame.f_code.co_name == _JIT_FRAME
                                          and frame.f_globals.get("__name__", "").endswith("pjit")):
+            if frame.f_code.co_name == "trace_to_jaxpr" and arg_tracers is None:
+                arg_tracers = list(getattr(frame.f_locals.get("in_tracers"), "vals", None) or [])
             frame = frame.f_back
         if frame is None:
             return None
@@ -78,12 +84,26 @@ def _jit_shardings(leaves: Sequence[Any]) -> list[jax.sharding.Sharding | None] 
     shardings = [g if isinstance(g, jax.sharding.Sharding) else mesh_sharding(_concrete(v))
                  for g, v in zip(given, values)]
     shardings = [s if s is not None and _spans_devices(s) else None for s in shardings]
+    if arg_tracers is not None and len(arg_tracers) == len(values):
+        position = {id(t): k for k, t in enumerate(arg_tracers)}
+        found = [position.get(id(_innermost(x, position))) for x in leaves]
+        if all(k is not None for k in found):
+            return [shardings[k] for k in found]
     pairs = [(v, s) for v, s in zip(values, shardings) if hasattr(v, "shape") and hasattr(v, "dtype")]
-    arrays = [x for x in leaves]
     if [(tuple(v.shape), str(v.dtype)) for v, _ in pairs] != [(tuple(jax.numpy.shape(x)),
-                                                              str(jax.numpy.result_type(x))) for x in arrays]:
+                                                              str(jax.numpy.result_type(x))) for x in leaves]:
         return None
     return [s for _, s in pairs]
+
+
+def _innermost(x: Any, wanted: dict[int, int]) -> Any:
+    """``x`` or the first value under its JVP tracers whose id is in ``wanted``, else ``x``."""
+    while id(x) not in wanted:
+        primal = getattr(x, "primal", None)
+        if primal is None:
+            return x
+        x = primal
+    return x
 
 
 def _spans_devices(sharding: jax.sharding.Sharding) -> bool:
