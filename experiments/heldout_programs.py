@@ -585,7 +585,7 @@ def haiku_vgg(remat_policy: str | None = None) -> Program:
         x = images
         for i, width in enumerate(widths):
             if i:
-                x = hk.max_pool(x, 2, 2, "VALID")
+                x = hk.max_pool(x, (1, 2, 2, 1), (1, 2, 2, 1), "VALID")  # = 2, 2 on NHWC, without the int warning
             run = (lambda x, width=width: stage(x, width))
             x = hk.remat(run, policy=policy)(x) if policy is not None else run(x)
         return hk.Linear(10)(jnp.mean(x, axis=(1, 2)))
