@@ -39,7 +39,8 @@ import jax.numpy as jnp
 import numpy as np
 
 import fresh_programs
-from heldout_programs import Program, _cross_entropy, _labels, _layer_norm, _normal, _policy, _remat_note, random_program
+from heldout_programs import (Program, _cross_entropy, _labels, _layer_norm, _normal, _policy, _remat_note,
+                              random_program)
 
 
 def lstm() -> Program:

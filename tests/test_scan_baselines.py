@@ -22,7 +22,8 @@ import remat_opt
 from remat_opt.baselines._maxtext import RECIPES
 from remat_opt.memory._measure import gradient_flops
 from remat_opt.program._trace import trace, with_signature
-from remat_opt.rewrite._loops import LoopPlan, loop_candidates, loop_program, recipe_candidates, scan_lengths, user_names
+from remat_opt.rewrite._loops import (LoopPlan, loop_candidates, loop_program, recipe_candidates, scan_lengths,
+                                     user_names)
 from remat_opt.rewrite._policies import POLICIES
 
 WIDTH, TOKENS = 32, 128
