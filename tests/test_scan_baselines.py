@@ -101,7 +101,7 @@ def test_every_recipe_and_policy_on_the_body_is_a_loop_plan_the_planner_measures
 
 
 @pytest.mark.parametrize("layers", [4, 8])
-def test_at_a_recipes_peak_the_plan_recomputes_no_more(layers):
+def test_at_a_recipes_peak_the_plan_recomputes_no_more(layers, tmp_path):
     """At the peak of MaxText's ``save_out_proj`` on the body (a set with which XLA holds
     little more than saving nothing), the plan fits, as a loop, with no more recomputed FLOPs
     than the recipe, and ``jax.grad``'s gradients. Before the recipes were among the loop plans
@@ -111,10 +111,13 @@ def test_at_a_recipes_peak_the_plan_recomputes_no_more(layers):
     recipe = written(body_policies()["recipe save_out_proj"])
     budget = remat_opt.peak_bytes(recipe, stack, x)
     flops = gradient_flops(recipe, (stack, x), {}, 0) - gradient_flops(loss, (stack, x), {}, 0)
-    step = remat_opt.optimize(loss, budget, unroll_scans=0, cache=False, solver_options=SOLVER)
+    step = remat_opt.optimize(loss, budget, unroll_scans=0, cache=tmp_path, solver_options=SOLVER)
     plan = step.plan(stack, x)
     assert plan.measured_peak_bytes <= budget, str(plan)
     assert plan.loop_plan is not None and plan.measured_recompute_flops <= flops, (str(plan), flops)
+    # Kept in the plan cache and loaded by another optimize: the same loop plan (a recipe's names too).
+    loaded = remat_opt.optimize(loss, budget, unroll_scans=0, cache=tmp_path, solver_options=SOLVER).plan(stack, x)
+    assert loaded.loop_plan == plan.loop_plan and loaded.measured_peak_bytes == plan.measured_peak_bytes
     want = jax.grad(loss)(stack, x)
     for g, w in zip(jax.tree.leaves(jax.grad(step)(stack, x)), jax.tree.leaves(want)):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
