@@ -74,6 +74,11 @@ def main(argv: list[str] | None = None) -> int:
         raise AssertionError("a one-byte budget was met")
     except remat_opt.InfeasibleBudgetError as err:
         lo = err.min_budget_bytes
+        if err.lower_bound:  # one byte is under the step's arguments and outputs: the search runs there
+            try:
+                remat_opt.optimize(spec.loss, lo).plan(params, batch)
+            except remat_opt.InfeasibleBudgetError as searched:
+                lo = searched.min_budget_bytes
     hi, best = plain, None
     for _ in range(args.steps):  # smallest budget whose plan recomputes <= max_overhead
         budget = (lo + hi) // 2

@@ -60,6 +60,11 @@ def main(argv: list[str] | None = None) -> int:
         raise AssertionError("a one-byte budget was met")
     except remat_opt.InfeasibleBudgetError as err:
         lowest = err.min_budget_bytes
+        if err.lower_bound:  # one byte is under the step's arguments and outputs: the search runs there
+            try:
+                remat_opt.optimize(spec.loss, lowest, solver_options=options).plan(params, batch)
+            except remat_opt.InfeasibleBudgetError as searched:
+                lowest = searched.min_budget_bytes
     rows, failures = [], []
     for b in baselines:
         rows.append({"strategy": b.strategy, "budget_bytes": None, "measured_peak_bytes": b.measured_peak_bytes,

@@ -432,6 +432,9 @@ def check(program: Program, fraction: float) -> Outcome:
             same = isinstance(second, remat_opt.InfeasibleBudgetError) and (
                 second.min_budget_bytes, second.schedule) == (first.min_budget_bytes, first.schedule)
             least = first.min_budget_bytes
+            if first.lower_bound:  # the step's arguments and outputs, no confirmed budget: the search's is above
+                _, searched = attempt(least)
+                least = searched.min_budget_bytes if isinstance(searched, remat_opt.InfeasibleBudgetError) else least
             step, at_min = attempt(least)
             if isinstance(at_min, Exception):
                 return Outcome("infeasible", budget, plain, least, 0.0, same, False, f"at the minimum: {at_min}")

@@ -171,8 +171,8 @@ def test_infeasible_budget_error_message() -> None:
     assert isinstance(err, ValueError) and isinstance(err, RematOptError)
     assert (err.budget_bytes, err.min_budget_bytes) == (1_000_000, 3_200_000)
     assert str(err) == (
-        "budget_bytes=1,000,000 (976.56 KiB) is below the smallest peak remat_opt can reach "
-        "for this program, 3,200,000 bytes (3.05 MiB); pass budget_bytes >= 3200000. "
+        "budget_bytes=1,000,000 (976.56 KiB) is below the lowest peak XLA measured for any plan remat_opt "
+        "tried for this program at this budget, 3,200,000 bytes (3.05 MiB); pass budget_bytes >= 3200000. "
         "Largest buffer: dot_general."
     )
 
@@ -190,6 +190,7 @@ def test_other_errors() -> None:
     "err",
     [
         InfeasibleBudgetError(10, 20, "x"),
+        InfeasibleBudgetError(10, 20, "x", lower_bound=True),
         UnsupportedProgramError("cond", None, "hint"),
         InvalidBudgetError("m", argument="budget_bytes", value="5 K"),
         InvalidBudgetTypeError("m", argument="budget_bytes", value=None),

@@ -35,7 +35,7 @@ def plain_peak():
 def test_help_everywhere(tmp_path, capsys):
     run = remat_opt_cli("--help", cache=tmp_path)
     assert run.returncode == 0 and "usage: remat-opt" in run.stdout, run.stderr
-    for command in ("plan", "demo", "cache"):  # the same parser, in this process
+    for command in ("peak", "plan", "demo", "cache"):  # the same parser, in this process
         with pytest.raises(SystemExit) as exit_:
             main([command, "--help"])
         assert exit_.value.code == 0 and f"usage: remat-opt {command}" in capsys.readouterr().out
@@ -45,11 +45,22 @@ def test_help_everywhere(tmp_path, capsys):
                               timeout=120).returncode == 0
 
 
+def test_peak_prints_the_plain_peak_to_choose_a_budget(plain_peak, tmp_path):
+    run = remat_opt_cli("peak", "cli_program:loss", "--args", "cli_program:example_args", "--json", cache=tmp_path)
+    assert run.returncode == 0, run.stderr
+    figures = json.loads(run.stdout)
+    assert figures["plain_peak_bytes"] == plain_peak  # remat_opt.peak_bytes, in this process
+    assert 0 < figures["arguments_and_outputs_bytes"] < plain_peak
+    text = remat_opt_cli("peak", "cli_program:loss", "--args", "cli_program:example_args", cache=tmp_path)
+    assert text.returncode == 0 and f"({plain_peak:,} bytes)" in text.stdout and "0.6x" in text.stdout
+
+
 def test_plan_then_list_and_clear_the_cache(plain_peak, tmp_path):
     budget = int(0.85 * plain_peak)
-    run = remat_opt_cli("plan", "cli_program:loss", "--args", "cli_program:example_args", "--budget", str(budget),
+    run = remat_opt_cli("plan", "cli_program:loss", "--args", "cli_program:example_args", "--budget", "0.85x",
                         "--json", cache=tmp_path)
     assert run.returncode == 0, run.stderr
+    assert f"budget 0.85x of the plain peak" in run.stderr  # a share of the plain peak, said in bytes
     plan = json.loads(run.stdout)
     # XLA's figures, as this process measures them, and a plan under the budget.
     assert plan["plain_peak_bytes"] == plain_peak and plan["measured_peak_bytes"] <= budget == plan["budget_bytes"]
@@ -74,6 +85,9 @@ def test_plan_then_list_and_clear_the_cache(plain_peak, tmp_path):
     (["plan", "cli_program:loss", "--args", "cli_program:not_a_tuple", "--budget", "1GiB"], "tuple"),
     (["plan", "cli_program:loss", "--args", "cli_program:example_args", "--budget", "2G"], "--budget"),
     (["plan", "cli_program:loss", "--budget", "1GiB"], "--args"),
+    (["plan", "cli_program:loss", "--args", "cli_program:example_args", "--budget", "0x"], "0.6x"),
+    (["plan", "cli_program:loss", "--args", "cli_program:example_args", "--budget", "halfx"], "0.6x"),
+    (["peak", "cli_program:loss"], "--args"),
     (["cache", "drop"], "invalid choice"),
     (["train"], "invalid choice"),
 ])
@@ -102,3 +116,16 @@ def test_demo_runs_a_zoo_model(tmp_path):
     run = remat_opt_cli("demo", "--model", "mlp", "--fractions", "1.1", cache=tmp_path)
     assert run.returncode == 0, run.stderr
     assert "plain gradient step peak (XLA)" in run.stdout and "PLAIN" in run.stdout
+
+
+def test_a_reader_that_leaves_early_gets_no_traceback(tmp_path):
+    """`remat-opt cache list --json | head`: the reader closes the pipe before the listing is written."""
+    for i in range(3):  # something to list
+        (tmp_path / f"{i:064x}.json").write_text("{}")
+    env = {**os.environ, "REMAT_OPT_CACHE_DIR": str(tmp_path)}
+    with subprocess.Popen([sys.executable, "-m", "remat_opt", "cache", "list", "--json"], cwd=HERE, env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+        proc.stdout.close()  # `head` has read its lines and gone
+        stderr = proc.stderr.read().decode()
+        code = proc.wait(timeout=120)
+    assert code == 141 and "Traceback" not in stderr and "BrokenPipeError" not in stderr, stderr

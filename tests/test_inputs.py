@@ -259,3 +259,18 @@ def test_a_wholly_integer_argument_beside_a_floating_one_passes_through():
     assert got[1].dtype == want[1].dtype == jax.dtypes.float0
     alone = remat_opt.optimize(fn, "1GiB", argnums=1, cache=False)
     _raises(NonDifferentiableArgumentError, "args[1]", lambda: alone.plan(W, mask, X))
+
+
+def test_a_large_value_in_the_wrong_place_is_shown_briefly():
+    """The params pytree passed as ``fn`` (a newcomer's slip) once made a 46 KB message: large
+    values are shown by dtype and shape, and cut."""
+    params = {f"layer{i}": {"w": jnp.ones((64, 64)), "b": jnp.zeros(64)} for i in range(40)}
+    with pytest.raises(InvalidOptionTypeError) as info:
+        remat_opt.optimize(params, "1MiB")
+    message = str(info.value)
+    assert message.startswith("fn must be callable; got {'layer0': {'b': float32[64], 'w': float32[64,64]}")
+    assert len(message) < 500 and "characters)" in message and "Pass the loss function itself" in message
+    assert info.value.value is params  # the value itself is kept whole on the error
+    with pytest.raises(InvalidBudgetTypeError) as budget:
+        remat_opt.optimize(lambda p: jnp.sum(p), np.ones((512, 512)))
+    assert "float64[512,512]" in str(budget.value) and len(str(budget.value)) < 500

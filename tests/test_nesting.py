@@ -174,6 +174,10 @@ def test_nesting_reaches_below_every_flat_plan(mlp):
     greedy = remat_opt.chen_greedy(loss, params, batch, budget_bytes=1, measure_top=3)
     with pytest.raises(remat_opt.InfeasibleBudgetError) as info:
         remat_opt.optimize(loss, 1, solver_options=FAST).plan(params, batch)
+    assert info.value.lower_bound  # one byte: under the step's arguments and outputs; the search runs there
+    floor = info.value.min_budget_bytes
+    with pytest.raises(remat_opt.InfeasibleBudgetError) as info:
+        remat_opt.optimize(loss, floor, solver_options=FAST).plan(params, batch)
     lowest = info.value.min_budget_bytes
     assert lowest < greedy.measured_peak_bytes
     step = remat_opt.optimize(loss, lowest, solver_options=FAST)

@@ -206,6 +206,10 @@ def test_scan_kept_whole_is_planned_as_a_loop_and_names_a_budget_that_works():
     plain = peak_bytes(loss, stack, x)
     with pytest.raises(InfeasibleBudgetError) as info:
         remat_opt.optimize(loss, int(plain * 0.1), solver_options=FAST, unroll_scans=0).plan(stack, x)
+    if info.value.lower_bound:  # under the step's arguments and outputs: the search runs at them
+        below = info.value.min_budget_bytes
+        with pytest.raises(InfeasibleBudgetError) as info:
+            remat_opt.optimize(loss, below, solver_options=FAST, unroll_scans=0).plan(stack, x)
     floor = info.value.min_budget_bytes
     assert floor <= plan.measured_peak_bytes
     at_floor = remat_opt.optimize(loss, floor, solver_options=FAST, unroll_scans=0).plan(stack, x)

@@ -141,7 +141,7 @@ def test_the_status_says_a_gap_only_where_a_bound_above_zero_is_known(plan):
 def test_the_dot_export_reads_back_with_the_plans_decisions(plan, tmp_path):
     pydot = pytest.importorskip("pydot")
     path = tmp_path / "plan.dot"
-    plan.to_dot(path)
+    assert plan.to_dot(str(path)) == path and path.is_file()  # the path, for `dot -Tsvg` and the like
     with warnings.catch_warnings():  # pydot 4.0's parser calls names pyparsing 3.3 deprecates
         warnings.simplefilter("ignore", DeprecationWarning)
         (dot,) = pydot.graph_from_dot_file(str(path))

@@ -7,7 +7,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ._budget import parse_bytes
-from ._errors import InvalidOptionError, InvalidOptionTypeError
+import jax
+
+from ._errors import InvalidBudgetError, InvalidOptionError, InvalidOptionTypeError, short_repr
 from ._inputs import check_argnums, check_call
 from ._optimize import OptimizedFunction
 from .memory._measure import peak_bytes as measured_peak
@@ -30,6 +32,7 @@ def optimize(
     cache: bool | str | os.PathLike = True,
     interconnect: Interconnect | None = None,
     in_shardings: Any = None,
+    objective: str = "auto",
 ) -> OptimizedFunction:
     """Places gradient checkpoints in ``fn`` so its gradient step fits ``budget_bytes``.
 
@@ -37,7 +40,9 @@ def optimize(
         fn: the loss function, returning a scalar.
         budget_bytes: peak bytes for ``jax.jit(jax.value_and_grad(fn))`` as XLA
             measures it (see :func:`peak_bytes`); an int or a string such as
-            ``"512MiB"`` or ``"2GB"``. When the arguments are sharded over a
+            ``"512MiB"`` or ``"2GB"``; or ``"device"``: the memory of the device
+            the program runs on (``bytes_limit`` of its ``memory_stats()``; a TPU or
+            GPU), for a step that does not fit at all. When the arguments are sharded over a
             mesh (``jax.Array`` with a ``NamedSharding``, or
             ``jax.ShapeDtypeStruct(..., sharding=...)``), the step is compiled
             with those shardings and the budget is one device's peak.
@@ -88,6 +93,13 @@ def optimize(
             already placed on a mesh need none. Under ``jax.jit`` without
             it, a call takes the plan made for the same shapes on a mesh by
             an earlier :meth:`~OptimizedFunction.plan` or call on the arrays.
+        objective: what the plan minimises under the budget. ``"time"``: the step
+            time on the device, by the step-time search (:mod:`remat_opt._timed`):
+            per-layer ``jax.checkpoint`` policies found on the program, mixes of
+            them, the program as written and XLA's own rematerialization, each
+            compiled and the fitting ones run; the fastest wins. ``"flops"``:
+            recomputed FLOPs, by CP-SAT and the memory model. ``"auto"`` (the
+            default): ``"time"`` on a TPU or GPU, ``"flops"`` on the CPU.
 
     Returns:
         An :class:`OptimizedFunction` with ``fn``'s signature and values.
@@ -98,7 +110,9 @@ def optimize(
         InvalidBudgetTypeError: ``budget_bytes`` has the wrong type.
         InvalidBudgetError: ``budget_bytes`` is not a positive size.
         InfeasibleBudgetError: (on first call) no plan fits on XLA, not even the
-            lowest-memory one; carries ``min_budget_bytes``, a budget XLA confirms.
+            lowest-memory one; carries ``min_budget_bytes``, a budget XLA confirms. Or, at
+            once, the budget is under the step's arguments and outputs (``lower_bound``:
+            ``min_budget_bytes`` is their bytes, which no plan goes under).
 
     Example:
         >>> import jax, jax.numpy as jnp, remat_opt
@@ -109,22 +123,45 @@ def optimize(
         True
     """
     _check_callable(fn)
-    budget = parse_bytes(budget_bytes, argument="budget_bytes")
+    budget = device_memory() if budget_bytes == "device" else parse_bytes(budget_bytes, argument="budget_bytes")
+    if objective not in OBJECTIVES:
+        raise InvalidOptionError(f"objective must be one of {OBJECTIVES}; got {objective!r}.",
+                                 argument="objective", value=objective)
     check_count("max_attempts", max_attempts, 1, " (the default is 4)")
     _check_type("solver_options", solver_options, SolverOptions)
     check_argnums(argnums)
     check_count("unroll_scans", unroll_scans, 0, " (0 keeps scans whole)")
     for flag, value in (("has_aux", has_aux), ("compute_saved_once", compute_saved_once), ("xla_facts", xla_facts)):
         if not isinstance(value, bool):
-            raise InvalidOptionTypeError(f"{flag} must be a bool; got {value!r}. Pass True or False.",
+            raise InvalidOptionTypeError(f"{flag} must be a bool; got {short_repr(value)}. Pass True or False.",
                                          argument=flag, value=value)
     _check_type("interconnect", interconnect, Interconnect)
     if not isinstance(cache, (bool, str, os.PathLike)):
-        raise InvalidOptionTypeError(f"cache must be True, False or a folder (str or os.PathLike); got {cache!r}. "
+        raise InvalidOptionTypeError("cache must be True, False or a folder (str or os.PathLike); got "
+                                     f"{short_repr(cache)}. "
                                      "Pass one of those.", argument="cache", value=cache)
     return OptimizedFunction(fn, budget, argnums, solver_options or SolverOptions(), max_attempts, cost_model,
                              has_aux, unroll_scans, compute_saved_once, xla_facts, cache,
-                             interconnect, in_shardings)
+                             interconnect, in_shardings, objective)
+
+
+OBJECTIVES = ("auto", "time", "flops")
+"""What ``optimize`` may minimise under the budget."""
+
+
+def device_memory() -> int:
+    """The memory of the default device, as it reports it (``bytes_limit``).
+
+    Raises:
+        InvalidBudgetError: the device reports no memory limit (the CPU).
+    """
+    device = jax.devices()[0]
+    stats = device.memory_stats() or {}
+    if "bytes_limit" not in stats:
+        raise InvalidBudgetError(f"budget_bytes='device' needs a device that reports its memory (a TPU or GPU); "
+                                 f"{device.platform} does not. Pass a size such as '8GiB'.",
+                                 argument="budget_bytes", value="device")
+    return int(stats["bytes_limit"])
 
 
 def peak_bytes(
@@ -167,13 +204,13 @@ def check_count(option: str, value: Any, minimum: int, note: str = "") -> None:
     option's kind in the error."""
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         kind = "a positive int" if minimum == 1 else "a non-negative int"
-        raise InvalidOptionError(f"{option} must be {kind}{note}; got {value!r}. Pass {minimum} or more.",
+        raise InvalidOptionError(f"{option} must be {kind}{note}; got {short_repr(value)}. Pass {minimum} or more.",
                                  argument=option, value=value)
 
 
 def _check_callable(fn: Any) -> None:
     if not callable(fn):
-        raise InvalidOptionTypeError(f"fn must be callable; got {fn!r} ({type(fn).__name__}). Pass the loss "
+        raise InvalidOptionTypeError(f"fn must be callable; got {short_repr(fn)} ({type(fn).__name__}). Pass the loss "
                                      "function itself.", argument="fn", value=fn)
 
 

@@ -20,7 +20,7 @@ from decimal import ROUND_FLOOR, Decimal, InvalidOperation
 
 import numpy as np
 
-from remat_opt._errors import InvalidBudgetError, InvalidBudgetTypeError
+from remat_opt._errors import InvalidBudgetError, InvalidBudgetTypeError, short_repr
 
 __all__ = ["format_bytes", "parse_bytes"]
 
@@ -59,7 +59,7 @@ _BINARY_STEPS = ("KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
 
 def _value_error(argument: str, value: object, problem: str) -> InvalidBudgetError:
     return InvalidBudgetError(
-        f"{argument} {problem}; got {value!r}. Pass a positive byte count such as {_EXAMPLE}.",
+        f"{argument} {problem}; got {short_repr(value)}. Pass a positive byte count such as {_EXAMPLE}.",
         argument=argument,
         value=value,
     )
@@ -101,7 +101,7 @@ def parse_bytes(value: object, *, argument: str = "budget_bytes") -> int:
     """
     if isinstance(value, bool):
         raise InvalidBudgetTypeError(
-            f"{argument} must be an int or a string such as '512MiB'; got {value!r} (bool).",
+            f"{argument} must be an int or a string such as '512MiB'; got {short_repr(value)} (bool).",
             argument=argument,
             value=value,
         )
@@ -116,7 +116,7 @@ def parse_bytes(value: object, *, argument: str = "budget_bytes") -> int:
         return _parse_string(value, argument)
     raise InvalidBudgetTypeError(
         f"{argument} must be an int or a string such as '512MiB'; "
-        f"got {value!r} ({type(value).__name__}).",
+        f"got {short_repr(value)} ({type(value).__name__}).",
         argument=argument,
         value=value,
     )
@@ -189,7 +189,7 @@ def format_bytes(n: int) -> str:
     """
     if isinstance(n, bool) or not isinstance(n, numbers.Integral):
         raise InvalidBudgetTypeError(
-            f"n must be an int number of bytes; got {n!r} ({type(n).__name__}).",
+            f"n must be an int number of bytes; got {short_repr(n)} ({type(n).__name__}).",
             argument="n",
             value=n,
         )

@@ -46,6 +46,7 @@ from typing import Any
 import jax
 from jax.extend import core
 
+from ._errors import InfeasibleBudgetError
 from ._plan import Plan
 from ._schedule import Schedule
 from .memory._measure import traced_step
@@ -56,11 +57,13 @@ from .rewrite._loops import LoopPlan
 
 CACHE_DIR_ENV = "REMAT_OPT_CACHE_DIR"
 FORMAT = 1
-KINDS = ("plain", "schedule", "loop", "policy", "lowest")
+KINDS = ("plain", "schedule", "loop", "policy", "lowest", "refused")
 """What an entry restores: the function as written, a schedule on the traced
 program, a loop plan on the program with its scans whole, or ``jax.checkpoint``
 around the whole function with a built-in policy; or, under the program's key
-for any budget, the lowest-memory schedule XLA measured (:mod:`remat_opt._lowest`)."""
+for any budget, the lowest-memory schedule XLA measured (:mod:`remat_opt._lowest`);
+or the :class:`remat_opt.InfeasibleBudgetError` a budget was refused with (a refusal
+costs a search as a plan does, and the same program at the same budget is refused again)."""
 
 _PLAN_FIELDS = tuple(f.name for f in dataclasses.fields(Plan) if f.name not in ("graph", "schedule", "loop_plan"))
 
@@ -221,6 +224,33 @@ def plan_entry(plan: Plan, kind: str, function: str) -> dict[str, Any]:
             "schedule": json.loads(plan.schedule.to_json()), "loop_plan": loop}
 
 
+def refusal_entry(err: InfeasibleBudgetError, function: str) -> dict[str, Any]:
+    """The JSON-ready entry for a refused budget: the error's figures and its lowest-memory schedule."""
+    return {"versions": versions(), "kind": "refused", "function": function,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "plan": {"budget_bytes": err.budget_bytes, "min_budget_bytes": err.min_budget_bytes,
+                     "detail": err.detail, "lower_bound": err.lower_bound},
+            "schedule": None if err.schedule is None else json.loads(err.schedule.to_json()), "loop_plan": None}
+
+
+def entry_refusal(entry: Mapping[str, Any], path: Path) -> InfeasibleBudgetError:
+    """The error a ``"refused"`` entry (at ``path``) keeps, saying where it was remembered.
+
+    Raises:
+        CacheEntryError: a figure is missing or of the wrong kind.
+    """
+    stored = entry["plan"]
+    try:
+        budget, lowest = int(stored["budget_bytes"]), int(stored["min_budget_bytes"])
+        detail, lower_bound = str(stored["detail"]), bool(stored["lower_bound"])
+        schedule = None if entry["schedule"] is None else entry_schedule(entry)
+    except (KeyError, TypeError, ValueError) as err:
+        raise CacheEntryError(f"holds a refusal that does not read back ({err})") from err
+    remembered = f"(Refused before and remembered by the plan cache, {path}; `remat-opt cache clear` forgets it.)"
+    return InfeasibleBudgetError(budget, lowest, detail=f"{detail} {remembered}".strip(), schedule=schedule,
+                                 lower_bound=lower_bound)
+
+
 def entry_schedule(entry: Mapping[str, Any]) -> Schedule:
     """The entry's schedule."""
     return Schedule.from_json(json.dumps(entry["schedule"]))
@@ -347,7 +377,7 @@ def list_entries(directory: Path) -> list[dict[str, Any]]:
         plan = plan if isinstance(plan, dict) else {}
         row.update({k: entry.get(k) for k in ("function", "kind", "created")})
         row.update({k: plan.get(k) for k in ("budget_bytes", "measured_peak_bytes", "plain_peak_bytes", "status",
-                                             "recompute_flops", "jax_version")})
+                                             "recompute_flops", "jax_version", "min_budget_bytes")})
         rows.append(row)
     return sorted(rows, key=lambda r: str(r.get("created")), reverse=True)
 

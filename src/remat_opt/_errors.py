@@ -18,6 +18,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 __all__ = [
@@ -41,6 +42,54 @@ def _describe_bytes(n: int, *, unit: str = " bytes") -> str:
     from remat_opt._budget import format_bytes  # Deferred: _budget imports this module.
 
     return f"{n:,}{unit} ({format_bytes(n)})"
+
+
+REPR_LIMIT = 200
+"""Characters of a rejected value shown in a message: a params pytree passed as ``fn`` once
+made a 46 KB message."""
+
+
+SMALL_ARRAY = 16
+"""Arrays of at most this many elements are shown by value."""
+
+
+class _Brief:
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def short_repr(value: Any, limit: int = REPR_LIMIT) -> str:
+    """``repr(value)`` for an error message: arrays of more than :data:`SMALL_ARRAY` elements
+    as ``float32[256,256]``, the whole cut to ``limit`` characters (saying how long it was).
+
+    Example:
+        >>> import numpy as np
+        >>> short_repr({"w": np.zeros((256, 256), np.float32)})
+        "{'w': float32[256,256]}"
+    """
+
+    def brief(leaf: Any) -> Any:
+        shape, dtype = getattr(leaf, "shape", None), getattr(leaf, "dtype", None)
+        if isinstance(shape, tuple) and dtype is not None and not isinstance(leaf, type) \
+                and math.prod(shape) > SMALL_ARRAY:
+            return _Brief(f"{dtype}[{','.join(str(d) for d in shape)}]")
+        return leaf
+
+    try:
+        import jax  # Deferred: this module is imported before jax is needed.
+
+        text = repr(jax.tree_util.tree_map(brief, value))
+    except Exception:  # noqa: BLE001 - a value whose pytree or repr fails is shown by type
+        try:
+            text = repr(value)
+        except Exception:  # noqa: BLE001
+            text = f"<{type(value).__name__}>"
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text):,} characters)"
 
 
 def _with_detail(message: str, detail: str) -> str:
@@ -144,37 +193,59 @@ def _rebuild_with_kwargs(cls: type[BaseException], args: tuple, state: dict) -> 
 
 
 class InfeasibleBudgetError(RematOptError, ValueError):
-    """No checkpoint placement brings the program's peak memory under the budget.
+    """No checkpoint placement remat_opt tried brings the program's peak memory under the budget.
+
+    The figure it names is one of two things, and the message says which:
+
+    - the lowest peak XLA measured for any plan of this program in the search at this
+      budget (``lower_bound=False``): the same for the same program, budget and options,
+      whatever ran before in the process; a budget at or above it is planned;
+    - the bytes every gradient step of the program holds, its arguments and outputs
+      (``lower_bound=True``): the budget is under them, so it is refused before any search;
+      the peak of a plan is higher (XLA's temporaries come on top).
 
     Args:
         budget_bytes: The budget the caller asked for.
-        min_budget_bytes: The smallest peak remat_opt can reach for the program.
+        min_budget_bytes: The figure above.
         detail: Optional extra sentence(s) appended to the message, e.g. which
-            buffers dominate the minimum.
-
+            plan measured the figure.
         schedule: The lowest-memory :class:`remat_opt.Schedule` found, if known.
+        lower_bound: Whether ``min_budget_bytes`` is the arguments' and outputs' bytes.
 
     Attributes:
         budget_bytes: As passed.
         min_budget_bytes: As passed.
         detail: As passed.
         schedule: As passed.
+        lower_bound: As passed.
     """
 
-    def __init__(self, budget_bytes: int, min_budget_bytes: int, detail: str = "", schedule: Any = None) -> None:
+    def __init__(self, budget_bytes: int, min_budget_bytes: int, detail: str = "", schedule: Any = None,
+                 lower_bound: bool = False) -> None:
         self.budget_bytes = budget_bytes
         self.min_budget_bytes = min_budget_bytes
         self.detail = detail
         self.schedule = schedule
-        message = (
-            f"budget_bytes={_describe_bytes(budget_bytes, unit='')} is below the smallest peak "
-            f"remat_opt can reach for this program, {_describe_bytes(min_budget_bytes)}; "
-            f"pass budget_bytes >= {min_budget_bytes}."
-        )
+        self.lower_bound = lower_bound
+        budget = _describe_bytes(budget_bytes, unit="")
+        if lower_bound:
+            message = (
+                f"budget_bytes={budget} is below what every gradient step of this program holds, whatever it "
+                "recomputes: its parameters, inputs, gradients and loss outputs take "
+                f"{_describe_bytes(min_budget_bytes)}, "
+                "and XLA's temporaries come on top. Pass a larger budget; remat_opt.peak_bytes(fn, *args) "
+                "gives the step's peak without remat."
+            )
+        else:
+            message = (
+                f"budget_bytes={budget} is below the lowest peak XLA measured for any plan remat_opt tried for "
+                f"this program at this budget, {_describe_bytes(min_budget_bytes)}; "
+                f"pass budget_bytes >= {min_budget_bytes}."
+            )
         super().__init__(_with_detail(message, detail))
 
     def __reduce__(self):  # noqa: D105
-        return (type(self), (self.budget_bytes, self.min_budget_bytes, self.detail, self.schedule))
+        return (type(self), (self.budget_bytes, self.min_budget_bytes, self.detail, self.schedule, self.lower_bound))
 
 
 class UnsupportedProgramError(RematOptError, NotImplementedError):

@@ -31,6 +31,7 @@ from ._errors import (
     InvalidArgnumsError,
     InvalidLossError,
     NonDifferentiableArgumentError,
+    short_repr,
 )
 from .program._static import combine, is_inexact_array, is_traced, mesh_sharding, split
 from .program._trace import argnum_indices, normalize_argnums
@@ -47,7 +48,7 @@ def check_argnums(argnums: Any) -> None:
     """
     nums = argnum_indices(argnums)
     if len(set(nums)) < len(nums):
-        raise InvalidArgnumsError(f"argnums={argnums!r} names an argument more than once; pass each "
+        raise InvalidArgnumsError(f"argnums={short_repr(argnums)} names an argument more than once; pass each "
                                   "differentiated argument's index once.", argument="argnums", value=argnums)
 
 
@@ -130,22 +131,22 @@ def _check_loss(out: Any, has_aux: bool) -> None:
     if has_aux:
         if not (isinstance(out, (tuple, list)) and len(out) == 2):
             raise InvalidLossError(f"fn must return a pair (loss, aux) with has_aux=True; got "
-                                   f"{jax.tree_util.tree_structure(out)}. Return (loss, aux), or pass "
-                                   "has_aux=False.", argument="fn", value=str(out))
+                                   f"{short_repr(jax.tree_util.tree_structure(out))}. Return (loss, aux), or pass "
+                                   "has_aux=False.", argument="fn", value=short_repr(out))
         out = out[0]
     if not isinstance(out, jax.ShapeDtypeStruct):
         hint = " If it returns (loss, aux), pass has_aux=True." if isinstance(out, (tuple, list)) else ""
-        raise InvalidLossError(f"fn must return one scalar loss; got {jax.tree_util.tree_structure(out)}."
-                               f"{hint}", argument="fn", value=str(out))
+        raise InvalidLossError(f"fn must return one scalar loss; got {short_repr(jax.tree_util.tree_structure(out))}."
+                               f"{hint}", argument="fn", value=short_repr(out))
     dtype = np.dtype(out.dtype)
     if out.shape != ():
         raise InvalidLossError(f"fn must return a scalar loss; got a {dtype.name} array of shape {out.shape}. "
-                               "Reduce it to one number (jnp.sum, jnp.mean).", argument="fn", value=str(out))
+                               "Reduce it to one number (jnp.sum, jnp.mean).", argument="fn", value=short_repr(out))
     if jax.numpy.issubdtype(dtype, jax.numpy.complexfloating):
         raise InvalidLossError(f"fn must return a real loss; got a {dtype.name} scalar, which jax.grad "
                                "differentiates only as holomorphic. Return a real number (jnp.abs, "
-                               "jnp.real).", argument="fn", value=str(out))
+                               "jnp.real).", argument="fn", value=short_repr(out))
     if not jax.numpy.issubdtype(dtype, jax.numpy.floating):
         raise InvalidLossError(f"fn must return a floating-point loss; got a scalar of dtype {dtype.name}, which has "
                                "no gradient. Compute the loss in floating point (x.astype(jnp.float32)).",
-                               argument="fn", value=str(out))
+                               argument="fn", value=short_repr(out))

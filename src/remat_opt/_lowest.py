@@ -15,9 +15,10 @@ process; in the plan cache (an entry of kind ``"lowest"``) when an error names
 it and the cache is on. A later search of the same program that finds nothing
 under its budget measures it before giving up (in the same process its
 figures are kept by :mod:`remat_opt.memory._compiles`, so that costs no
-compile), and its error never names a minimum above it: a user sweeping
-budgets downwards is not told that a plan measured at a higher budget is out
-of reach.
+compile); if XLA fits it, that is the plan. If not, the error still names its
+own search's lowest peak (the same for the same program and budget, whatever
+ran before) and says the lower one beside it: a user sweeping budgets
+downwards learns that a plan measured at a higher budget is within reach.
 """
 
 from __future__ import annotations

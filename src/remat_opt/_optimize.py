@@ -29,17 +29,20 @@ from ._cache import (cache_directory, derivative_text, layout_of, names_cost_mod
                      qualified_name)
 from ._counted import counted_flops
 from ._errors import InfeasibleBudgetError
+from ._floor import floor_refusal
 from ._forward import forward_mode
 from ._inputs import check_call
 from ._loop_planning import LoopCandidate, LoopSearch, body_plans, loop_plans
 from ._lowest import lowest_kept, recall, remember
 from ._mesh import laid_out, measurer, per_device_error, sharded_twin, with_collectives
+from . import _progress as progress
 from ._plan import Plan, annotate, measured_flops_of, measured_peak_of
 from ._policy_planning import (PolicyCandidate, counted_policies, measured_policies, unmeasured_policies,
                                within_reach)
 from ._restore import cached_plan
 from ._schedule import Schedule, Simulation
 from ._steering import Steering, steered_plan
+from ._timed import TimedCall, timed_plan
 from ._verify import verified
 from .memory._facts import check_known, model_graph, read_plain, with_memory_facts
 from .memory._measure import Signature, gradient_flops, signature
@@ -85,6 +88,7 @@ class OptimizedFunction:
         cache: bool | str | os.PathLike = False,
         interconnect: Interconnect | None = None,
         in_shardings: Any = None,
+        objective: str = "auto",
     ):
         self.fn = fn
         self.budget_bytes = budget_bytes
@@ -99,6 +103,7 @@ class OptimizedFunction:
         self.cache = cache
         self.interconnect = interconnect or Interconnect()
         self.in_shardings = in_shardings
+        self.objective = objective
         self._cache: dict[Signature, tuple[Plan, Callable[..., Any]]] = {}
         functools.update_wrapper(self, fn)
 
@@ -128,8 +133,28 @@ class OptimizedFunction:
             if twin is not None:
                 return twin
             check_call(self.fn, args, kwargs, self.argnums, self.has_aux)  # remat_opt._inputs: typed errors
-            self._cache[key] = cached_plan(self, specs, kwargs_specs)
+            if self.minimises_time():
+                self._cache[key] = self._timed_plan(specs, kwargs_specs)
+            else:
+                self._cache[key] = cached_plan(self, specs, kwargs_specs)
         return self._cache[key]
+
+    def minimises_time(self) -> bool:
+        """Whether plans minimise the step time on the device (``objective``; ``"auto"``: off the CPU)."""
+        if self.objective == "auto":
+            return jax.default_backend() != "cpu"
+        return self.objective == "time"
+
+    def _timed_plan(self, args: tuple, kwargs: dict) -> tuple[Plan, Callable[..., Any]]:
+        """The fastest plan that fits, measured on the device (:mod:`remat_opt._timed`)."""
+        argnums = normalize_argnums(self.argnums, len(args))
+        nums = grad_argnums(argnums)
+        refused = floor_refusal(self.fn, args, kwargs, nums, self.has_aux, self.budget_bytes)
+        if refused is not None:  # under the step's arguments and outputs: no search can help (remat_opt._floor)
+            raise refused
+        with progress.planning(getattr(self.fn, "__name__", "fn"), self.budget_bytes):
+            return timed_plan(TimedCall(self.fn, args, kwargs, argnums, nums, self.has_aux, self.budget_bytes,
+                                        self.cost_model))
 
     def _make_plan(self, args: tuple, kwargs: dict) -> tuple[Plan, Callable[..., Any]]:
         argnums = normalize_argnums(self.argnums, len(args))
@@ -137,6 +162,9 @@ class OptimizedFunction:
         # fn as written, loops whole: what a plain plan and the loop plans run.
         whole = trace(self.fn, args, kwargs, argnums) if traced.unrolled_scans else traced
         nums = grad_argnums(argnums)
+        refused = floor_refusal(self.fn, args, kwargs, nums, self.has_aux, self.budget_bytes)
+        if refused is not None:  # under the step's arguments and outputs: no search can help (remat_opt._floor)
+            raise refused
         # A model written as one shard_map: its body is what is planned, per device (program._manual).
         traced = planned_body(traced) or traced
         # On a mesh, values take one device's bytes and collectives their cost (memory._sharded).
@@ -152,8 +180,8 @@ class OptimizedFunction:
         collectives: dict[int, int] = {}  # on a mesh, per measured program's id: XLA's collective bytes
         on_mesh = collectives if partitioned is not None else None
         # Candidates are compiled for their figures only; the plan returned, as the user's jit compiles it.
-        measure = measurer(args, kwargs, nums, self.has_aux, on_mesh, figures_only=True)
-        verify = measurer(args, kwargs, nums, self.has_aux, on_mesh)
+        measure = progress.measuring(measurer(args, kwargs, nums, self.has_aux, on_mesh, figures_only=True))
+        verify = progress.measuring(measurer(args, kwargs, nums, self.has_aux, on_mesh))
 
         # The program's key at any budget: what an earlier search of it measured lowest (remat_opt._lowest).
         lowest_key = plan_key(whole, None, options_of(self, argnums), layout_of(args, kwargs, self.interconnect),
@@ -163,7 +191,7 @@ class OptimizedFunction:
             return self._search(traced, whole, graph, args, kwargs, argnums, nums, measure, compiled, lowest_key)
 
         try:
-            planned = verified(search(measure), verify, self.budget_bytes, lambda: search(verify))
+            planned = verified(search(measure), verify, self.budget_bytes, lambda: search(verify))  # stages: _progress
         except InfeasibleBudgetError as err:
             if partitioned is None:
                 raise
@@ -182,6 +210,7 @@ class OptimizedFunction:
                 compiled: Any, lowest_key: str) -> tuple[Plan, Callable[..., Any]]:
         """The plan that fits with the fewest recomputed FLOPs, of all strategies measured."""
         baseline_flops = gradient_flops(self.fn, args, kwargs, nums, self.cost_model, self.has_aux)
+        progress.stage("measuring the plain step")
         graph, whole_graph, plain_peak = self._calibrated(traced, whole, graph, compiled, measure)
         budget = self.budget_bytes
         if budget >= plain_peak:  # fn runs as written, loops and all: model that program
@@ -194,6 +223,7 @@ class OptimizedFunction:
         count_key = lowest_key if names_cost_model(self.cost_model) else None
         # jax.checkpoint around fn with a built-in policy that recomputes nothing:
         # when XLA fits it (it can keep less than fn as written), nothing beats it.
+        progress.stage("JAX's policies")
         policies = counted_policies(self.fn, args, kwargs, nums, self.cost_model, self.has_aux, baseline_flops,
                                     count_key)
         free = measured_policies(policies, budget, measure, below_flops=1)
@@ -266,6 +296,7 @@ class OptimizedFunction:
                               status, gap, seconds, attempts)
 
         budget = self.budget_bytes
+        progress.stage("loop plans")
         search = LoopSearch(self.fn, whole, args, kwargs, argnums, nums, self.cost_model, self.has_aux,
                             whole_graph.plain_storage_scale, baseline_flops, budget, measure, make_plan)
         # CP-SAT's body plans first: a built-in loop plan is measured only if it recomputes less.
@@ -281,9 +312,10 @@ class OptimizedFunction:
                       loops: list[LoopCandidate], tried: list,
                       lowest_other: tuple[Plan, Callable[..., Any]] | None) -> InfeasibleBudgetError:
         """The error when nothing fits: it names the lowest peak XLA measured for any plan
-        (loop plans, whole-function policies, outside schedules, CP-SAT's lowest-memory
-        schedules, and what earlier plans of this program measured), and the lowest
-        measured schedules are kept for a later call (:mod:`remat_opt._lowest`)."""
+        of this search (loop plans, whole-function policies, outside schedules, CP-SAT's
+        lowest-memory schedules), the same whatever ran before; a lower peak an earlier plan
+        of this program measured is said beside it. The lowest measured schedules are kept
+        for a later call (:mod:`remat_opt._lowest`)."""
         directory, name = cache_directory(self.cache), qualified_name(self.fn)
         earlier = lowest_kept(lowest_key, directory)  # what earlier plans of this program measured
         if infeasible.schedule is not None:
@@ -295,14 +327,18 @@ class OptimizedFunction:
             depth = lowest_other[0].schedule.depth()
             lowest.append((measured_peak_of(lowest_other[0]),
                            f"a nested schedule ({depth} levels)" if depth > 1 else "a Chen segmentation"))
-        if earlier is not None:
-            lowest.append((earlier[0], "a schedule an earlier plan of this program measured"))
         peak, what = min(lowest, default=(infeasible.min_budget_bytes, ""))
+        # What earlier plans measured is said, not named as the figure: that stays this search's own.
+        note = "" if earlier is None or earlier[0] >= min(peak, infeasible.min_budget_bytes) else (
+            f" An earlier plan of this program measured {earlier[0]:,} bytes; that budget is planned too.")
         if peak < infeasible.min_budget_bytes:
             # One minimum, not two: the solver's own lowest is said here, not chained as a second error.
             return InfeasibleBudgetError(budget, peak, detail=f"(XLA measured {peak:,} bytes for the lowest-memory "
                                          f"plan: {what}; CP-SAT's lowest-memory schedule, "
-                                         f"{infeasible.min_budget_bytes:,}.)")
+                                         f"{infeasible.min_budget_bytes:,}.){note}")
+        if note:
+            return InfeasibleBudgetError(budget, infeasible.min_budget_bytes, detail=infeasible.detail + note,
+                                         schedule=infeasible.schedule)
         return infeasible
 
     def _recalled(self, key: str, graph: ProgramGraph, budget: int, measure: Callable[[Callable[..., Any]], int],
@@ -361,12 +397,14 @@ class OptimizedFunction:
         program_of = functools.cache(lambda schedule: self._program(graph, schedule))
         traced_flops = functools.cache(lambda schedule: counted_flops(count_key, schedule, lambda: gradient_flops(
             program_of(schedule), args, kwargs, nums, self.cost_model, self.has_aux)) - baseline_flops)
+        progress.stage("ranking other schedules")
         tiers = outside_tiers(graph, budget, ceiling_flops, self.MODEL_SLACK, self.MEASURED_CANDIDATES, traced_flops)
         seconds = time.perf_counter() - started
         measured_plans: list[tuple[Plan, Callable[..., Any]]] = []
         for tier in tiers:
             fitting = []
             for k, (schedule, sim) in enumerate(tier, 1):
+                progress.stage("other schedules: candidate", k, len(tier))
                 program = program_of(schedule)
                 measured = measure(program)
                 logger.info("candidate %d/%d (%d-level schedule): measured %s, predicted %s", k, len(tier),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import networkx as nx
@@ -14,7 +15,26 @@ from ._schedule import Schedule, Simulation
 from .memory._fragmentation import Fragmentation
 from .memory._sharded import Collective
 from .program._graph import ProgramGraph
+from .rewrite._layers import LayerPlan
 from .rewrite._loops import LoopPlan
+
+
+@dataclass(frozen=True)
+class Timed:
+    """One candidate of the step-time search, as the device measured it.
+
+    Attributes:
+        label: what the candidate is (``"plain"``, a layer plan, a loop plan).
+        peak_bytes: XLA's peak, ``None`` when XLA could not fit it into the device.
+        step_seconds: the median step time on the device; ``None`` when not run
+            (it did not fit the budget, or the device ran out of memory).
+        note: why it has no figure (XLA's out-of-memory message), else ``""``.
+    """
+
+    label: str
+    peak_bytes: int | None
+    step_seconds: float | None
+    note: str = ""
 
 
 @dataclass(frozen=True)
@@ -89,6 +109,14 @@ class Plan:
             does not describe it (``predicted_peak_bytes`` is ``None``),
             ``recompute_flops`` is the measured figure and ``gap`` is against
             the trivial bound 0.
+        layer_plan: set when the plan is a checkpoint per layer of the traced program, each
+            layer under its own policy (:class:`remat_opt.rewrite._layers.LayerPlan`), chosen by
+            the step-time search (status ``"TIMED"``).
+        step_seconds: the plan's median step time on the device, where the step-time search
+            ran it; ``None`` otherwise.
+        plain_step_seconds: the same for the program as written, where it was run.
+        timed: every candidate of the step-time search with its peak and step time, fastest
+            first (empty for a plan not chosen by step time).
     """
 
     graph: nx.DiGraph = field(repr=False, compare=False)
@@ -114,6 +142,10 @@ class Plan:
     collective_flops_per_byte: float = 0.0
     collectives: tuple[Collective, ...] = ()
     whole_policy: str | None = None
+    layer_plan: LayerPlan | None = None
+    step_seconds: float | None = None
+    plain_step_seconds: float | None = None
+    timed: tuple[Timed, ...] = ()
 
     @property
     def recompute_collective_bytes(self) -> int | None:
@@ -155,11 +187,12 @@ class Plan:
         """
         return _report.report(self, fragmentation)
 
-    def to_dot(self, path: str | os.PathLike) -> None:
+    def to_dot(self, path: str | os.PathLike) -> Path:
         """Writes :attr:`graph` as Graphviz DOT, through networkx's pydot export
         (needs ``pydot``: ``pip install remat_opt[plot]``); nodes are coloured by
-        decision and labelled with primitive, shape and source line."""
-        _report.to_dot(self, path)
+        decision and labelled with primitive, shape and source line. Returns the
+        file's path, e.g. for ``dot -Tsvg``."""
+        return _report.to_dot(self, path)
 
     def plot(self, path: str | os.PathLike | None = None) -> Any:
         """The model's peak per segment against the budget and XLA's measured
@@ -179,7 +212,9 @@ class Plan:
     def __str__(self) -> str:
         measured = "not measured" if self.measured_peak_bytes is None else format_bytes(self.measured_peak_bytes)
         plain = "" if self.plain_peak_bytes is None else f" (plain {format_bytes(self.plain_peak_bytes)})"
-        if self.status != "FEASIBLE":
+        if self.status == "TIMED":
+            status = "TIMED, the fastest candidate that fits, run on the device"
+        elif self.status != "FEASIBLE":
             status = self.status
         elif self.loop_plan is not None:
             status = "FEASIBLE, the cheapest loop plan that fits (no lower bound)"
@@ -190,7 +225,9 @@ class Plan:
         else:
             status = self.status_text
         predicted = "none" if self.predicted_peak_bytes is None else format_bytes(self.predicted_peak_bytes)
-        if self.loop_plan is not None:
+        if self.layer_plan is not None:
+            decisions = str(self.layer_plan)
+        elif self.loop_plan is not None:
             decisions = str(self.loop_plan)
         elif self.whole_policy is not None:
             decisions = f"jax.checkpoint around the whole function, policy {self.whole_policy}"
@@ -207,8 +244,16 @@ class Plan:
             f"predicted peak {predicted}, measured {measured}{plain}; {decisions}; "
             f"recompute {self.recompute_flops:,} FLOPs (+{self.recompute_overhead:.1%}); "
             f"solved in {self.solve_seconds:.2f}s, {self.attempts} attempt(s); jax {self.jax_version}"
+            + self._time_summary()
             + self._collective_summary()
         )
+
+    def _time_summary(self) -> str:
+        """Where the plan was chosen by step time: its step against the plain program's."""
+        if self.step_seconds is None:
+            return ""
+        plain = "" if self.plain_step_seconds is None else f" (plain {1e3 * self.plain_step_seconds:.2f} ms)"
+        return f"; step {1e3 * self.step_seconds:.2f} ms on {len(self.timed)} candidate(s) measured{plain}"
 
     def _collective_summary(self) -> str:
         """On a mesh: the collective bytes XLA counts, and per collective equation its decision."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from collections import defaultdict
 from collections.abc import Iterable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import networkx as nx
@@ -184,8 +185,8 @@ def dot_graph(plan: Plan) -> nx.DiGraph:
     return out
 
 
-def to_dot(plan: Plan, path: str | os.PathLike) -> None:
-    """Writes the plan's graph to ``path`` as DOT (``networkx.drawing.nx_pydot``).
+def to_dot(plan: Plan, path: str | os.PathLike) -> Path:
+    """Writes the plan's graph to ``path`` as DOT (``networkx.drawing.nx_pydot``); returns its path.
 
     Raises:
         ModuleNotFoundError: pydot is not installed; the message says how to get it.
@@ -195,6 +196,7 @@ def to_dot(plan: Plan, path: str | os.PathLike) -> None:
     except ModuleNotFoundError as err:
         raise ModuleNotFoundError("Plan.to_dot needs pydot: pip install 'remat_opt[plot]' (or pydot).") from err
     nx.drawing.nx_pydot.write_dot(dot_graph(plan), os.fspath(path))
+    return Path(path)
 
 
 def plot(plan: Plan, path: str | os.PathLike | None = None) -> Any:

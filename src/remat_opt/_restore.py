@@ -6,7 +6,8 @@ module rebuilds, for the function at hand, the program and the graph
 :class:`remat_opt.OptimizedFunction` made them for (a trace and a graph, no
 solve, no compile). A schedule's rebuilt program must recompute the FLOPs the
 entry says, and compute as many stored values once, or the entry is not trusted.
-:func:`cached_plan` is the planner's way in: an entry's plan, else a new one, then kept.
+:func:`cached_plan` is the planner's way in: an entry's plan, else a new one, then kept; a
+budget refused (:class:`remat_opt.InfeasibleBudgetError`) is kept too, and refused again at once.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from ._cache import (
     derivative_text,
     entry_loop_plan,
     entry_path,
+    entry_refusal,
     entry_schedule,
     layout_of,
     names_cost_model,
@@ -30,9 +32,12 @@ from ._cache import (
     plan_kind,
     qualified_name,
     read_entry,
+    refusal_entry,
     report,
     write_entry,
 )
+from . import _progress as progress
+from ._errors import InfeasibleBudgetError
 from ._plan import Plan, annotate, measured_flops_of
 from .memory._facts import model_graph, unknown_of
 from .memory._measure import gradient_flops
@@ -92,6 +97,12 @@ def restored(optimized: Any, entry: dict, whole: TracedProgram, args: tuple, kwa
 
 
 def cached_plan(optimized: Any, args: tuple, kwargs: dict) -> tuple[Plan, Callable[..., Any]]:
+    """The plan of :func:`cached_or_new_plan`, its progress shown while it takes time (:mod:`remat_opt._progress`)."""
+    with progress.planning(getattr(optimized.fn, "__name__", "fn"), optimized.budget_bytes):
+        return cached_or_new_plan(optimized, args, kwargs)
+
+
+def cached_or_new_plan(optimized: Any, args: tuple, kwargs: dict) -> tuple[Plan, Callable[..., Any]]:
     """The plan of a trusted entry of ``optimized``'s persistent cache, else
     the one its planner makes (``optimized._make_plan``), then kept there.
 
@@ -120,12 +131,23 @@ def cached_plan(optimized: Any, args: tuple, kwargs: dict) -> tuple[Plan, Callab
                    layout_of(args, kwargs, optimized.interconnect),
                    derivative_text(whole, optimized.fn, args, kwargs, grad_argnums(argnums), optimized.has_aux))
     entry = read_entry(directory, key)
-    if entry is not None:
+    if entry is not None and entry["kind"] == "refused":
+        try:
+            refusal = entry_refusal(entry, entry_path(directory, key))
+        except CacheEntryError as err:
+            report(entry_path(directory, key), f"{err}; planning again.")
+        else:
+            raise refusal
+    elif entry is not None:
         try:
             return restored(optimized, entry, whole, args, kwargs, argnums)
         except (LookupError, TypeError, ValueError) as err:  # an entry that does not rebuild is not trusted
             report(entry_path(directory, key), f"does not rebuild ({type(err).__name__}: {err}); planning again.")
-    plan, program = optimized._make_plan(args, kwargs)
+    try:
+        plan, program = optimized._make_plan(args, kwargs)
+    except InfeasibleBudgetError as err:  # kept like a plan: the same question is answered at once
+        write_entry(directory, key, refusal_entry(err, qualified_name(optimized.fn)))
+        raise
     kind = plan_kind(plan)
     # Not kept: a schedule whose model took XLA's account of primitives no rule
     # knows (a compile the entry does not carry; a graph rebuilt without it

@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from . import _progress as progress
 from ._budget import format_bytes
 from ._errors import InfeasibleBudgetError
 from ._plan import Plan, measured_flops_of
@@ -151,6 +152,7 @@ def _steer(graph: ProgramGraph, budget: int, ceiling_flops: int | None, clock: S
     search, target = _Search(), _Target(budget)
     seen: set[Schedule] = set()
     for attempt in range(1, steering.max_attempts + 1):
+        progress.stage("CP-SAT solve", attempt, steering.max_attempts)
         search.solves = attempt
         solution = _solved(graph, target.value, clock, steering, search)
         if solution is None:
@@ -242,6 +244,7 @@ def lowest_memory_plan(graph: ProgramGraph, budget: int, ceiling_flops: int | No
             return None
     tried = []
     for k, (candidate, candidate_flops) in enumerate(flops.items(), 1):
+        progress.stage("lowest-memory schedule", k, len(flops))
         program = steering.program(candidate)
         tried.append((steering.measure(program), candidate_flops, candidate, program))
         logger.info("lowest-memory schedule %d/%d: measured %s, predicted %s", k, len(flops),

@@ -42,7 +42,7 @@ import jax
 
 from ._api import check_count, optimize
 from ._budget import format_bytes, parse_bytes
-from ._errors import InfeasibleBudgetError, InvalidOptionError, InvalidOptionTypeError
+from ._errors import InfeasibleBudgetError, InvalidOptionError, InvalidOptionTypeError, short_repr
 from ._optimize import OptimizedFunction
 from ._plan import Plan, measured_peak_of
 from .memory._compiles import peak_as_jit_compiles
@@ -144,7 +144,8 @@ def optimize_step(
         True
     """
     if not callable(make_step):
-        raise InvalidOptionTypeError(f"make_step must be callable; got {make_step!r}. Pass a function of the loss "
+        raise InvalidOptionTypeError(f"make_step must be callable; got {short_repr(make_step)}. "
+                                     "Pass a function of the loss "
                                      "that returns the training step.", argument="make_step", value=make_step)
     budget = parse_bytes(budget_bytes, argument="budget_bytes")
     donate = _donate_argnums(donate_argnums, len(step_args))

@@ -17,6 +17,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from . import _progress as progress
 from ._budget import format_bytes
 from ._plan import Plan, measured_peak_of
 
@@ -36,6 +37,7 @@ def verified(planned: Planned, verify: Callable[[Callable[..., Any]], int], budg
         search_again: the search with every candidate measured by ``verify``.
     """
     plan, program = planned
+    progress.stage("compiling the plan as jax.jit will")
     peak = verify(program)
     if peak == plan.measured_peak_bytes:
         return planned

@@ -1,0 +1,293 @@
+"""The step-time search: on an accelerator, the fastest plan that fits, as the device runs it.
+
+What a plan costs on a TPU or GPU is its step time, and the plans users weigh
+it against are one line each: ``jax.checkpoint(layer, policy=...)`` around
+every layer, or nothing at all (and XLA's own rematerialization). This search
+starts from those lines, found on the traced program rather than in the
+user's code, and then goes between them:
+
+1. **Candidates.** The program as written; a checkpoint per layer
+   (:func:`remat_opt.solve._layers.layers_of`) under each built-in policy in
+   :data:`LADDER`; for a program whose layers are a ``lax.scan``, the same
+   policies on the scan body (:class:`remat_opt.rewrite._loops.LoopPlan`).
+2. **Measure.** Each is compiled (in parallel) for XLA's peak; one that XLA
+   cannot fit into the device does not fit. If the per-layer checkpoint that
+   saves nothing lowers the peak of the program as written by little, the
+   compiler may have undone it (XLA:CPU, docs/xla_findings.md §1): the layer
+   candidates are then fenced too (:func:`remat_opt.rewrite._rewrite.fenced_checkpoint`)
+   and compiled, and the family whose least-memory plan XLA measures lower goes on.
+   Every candidate at or under the budget is run on the device.
+3. **Between the lines.** Where the fastest fitting per-layer policy leaves
+   room under the budget, its last ``k`` layers take the next policy up the
+   ladder (they save more, and recompute less), ``k`` as large as XLA's
+   measured peaks of the two uniform plans say fits; and its last layer runs
+   as written. These are compiled, and run if they fit.
+
+The fastest candidate that fits is the plan. Its figures are the device's: a
+guarantee that holds by measurement (the plan fits and was the fastest
+measured), not a prediction of a model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+
+from . import _progress as progress
+from ._budget import format_bytes
+from ._errors import InfeasibleBudgetError
+from ._plan import Plan, Timed, annotate
+from ._schedule import Schedule
+from .memory._facts import model_graph
+from .memory._measure import gradient_flops, signature
+from .memory._simulate import simulate
+from .memory._timing import Compiled, compile_steps, example_arguments, step_seconds
+from .program._cost import CostModel
+from .program._trace import TracedProgram, trace, with_signature
+from .rewrite._layers import LayerPlan, StagePolicy, layer_program
+from .rewrite._loops import LoopPlan, loop_program, planned_scans
+from .solve._layers import Layers, layers_of
+
+logger = logging.getLogger("remat_opt")
+
+LADDER: tuple[StagePolicy, ...] = ("nothing_saveable", "dots_with_no_batch_dims_saveable", "dots_saveable")
+"""Per-layer policies from the least memory (and the most recompute) to the most."""
+
+UNDONE = 0.75
+"""A per-layer checkpoint that saves nothing but peaks above this share of the plain program's may
+have been undone by the compiler; the fenced ones are then measured too."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A program the search may return, and what the device said of it."""
+
+    label: str
+    program: Callable[..., Any]
+    layer_plan: LayerPlan | None = None
+    loop_plan: LoopPlan | None = None
+    compiled: Compiled | None = None
+    step_seconds: float | None = None
+
+    @property
+    def peak_bytes(self) -> int | None:
+        return None if self.compiled is None else self.compiled.peak_bytes
+
+    def figure(self) -> Timed:
+        note = "" if self.compiled is None or self.compiled.error is None else self.compiled.error
+        return Timed(self.label, self.peak_bytes, self.step_seconds, note)
+
+
+@dataclass(frozen=True)
+class TimedCall:
+    """One call's program and arguments, as the step-time search needs them."""
+
+    fn: Callable[..., Any]
+    args: tuple
+    kwargs: dict
+    argnums: tuple[int, ...]
+    nums: Any
+    has_aux: bool
+    budget: int
+    cost_model: CostModel | None = None
+    repeats: int = 5
+
+
+def timed_plan(call: TimedCall) -> tuple[Plan, Callable[..., Any]]:
+    """The fastest candidate that fits ``call.budget`` (see the module docstring).
+
+    Raises:
+        InfeasibleBudgetError: no candidate fits; the error names the lowest peak XLA measured.
+    """
+    started = time.perf_counter()
+    traced = trace(call.fn, call.args, call.kwargs, call.argnums)
+    layers = layers_of(traced)
+    search = _Search(call, traced, layers)
+    first = search.measure([Candidate("plain", call.fn), *search.uniform(fenced=False), *search.loops()])
+    if search.maybe_undone(first):
+        first += search.measure(search.uniform(fenced=True))
+        search.choose_family(first)
+    tried = first + search.measure(search.between(first))
+    fitting = [c for c in tried if c.step_seconds is not None]
+    if not fitting:
+        raise _nothing_fits(call.budget, tried)
+    best = min(fitting, key=lambda c: c.step_seconds or 0.0)
+    logger.info("step-time search: %d candidates, %d fit; fastest %s, %.2f ms", len(tried), len(fitting),
+                best.label, 1e3 * (best.step_seconds or 0.0))
+    return _plan(call, traced, best, first[0], tried, time.perf_counter() - started), best.program
+
+
+class _Search:
+    """The candidates of one call, built on its traced program and measured on the device."""
+
+    def __init__(self, call: TimedCall, traced: TracedProgram, layers: Layers | None):
+        self.call, self.traced, self.layers = call, traced, layers
+        self.fenced = False
+        self._inputs: tuple | None = None
+
+    def layer_candidate(self, per_layer: Sequence[StagePolicy], label: str, fenced: bool) -> Candidate:
+        assert self.layers is not None
+        policies: list[StagePolicy] = [None] * len(self.layers.bounds()[:-1])
+        for stage, policy in zip(self.layers.layer_stages(), per_layer):
+            policies[stage] = policy
+        plan = LayerPlan(self.layers.bounds(), tuple(policies), fenced)
+        program = with_signature(self.call.fn, self.traced, layer_program(self.traced, plan))
+        return Candidate(label + (" (fenced)" if fenced else ""), program, layer_plan=plan)
+
+    def uniform(self, fenced: bool) -> list[Candidate]:
+        """Every layer under one policy of :data:`LADDER`, for each."""
+        if self.layers is None:
+            return []
+        count = self.layers.count
+        return [self.layer_candidate([p] * count, f"every layer {p}", fenced) for p in LADDER]
+
+    def loops(self) -> list[Candidate]:
+        """Each policy of :data:`LADDER` on the body of the program's scans."""
+        if not planned_scans(self.traced):
+            return []
+        plans = [LoopPlan(str(p)) for p in LADDER]
+        return [Candidate(str(plan), with_signature(self.call.fn, self.traced, loop_program(self.traced, plan)),
+                          loop_plan=plan) for plan in plans]
+
+    def maybe_undone(self, measured: list[Candidate]) -> bool:
+        """Whether the compiler may have undone the bare per-layer checkpoints: the least-memory
+        one lowers the plain program's peak by less than :data:`UNDONE`."""
+        plain, least = measured[0], next((c for c in measured if c.layer_plan is not None), None)
+        if least is None:
+            return False
+        if least.peak_bytes is None or plain.peak_bytes is None:  # then it did not fit the device, or only it did
+            return least.peak_bytes is None
+        return least.peak_bytes > UNDONE * plain.peak_bytes
+
+    def choose_family(self, measured: list[Candidate]) -> None:
+        """Fenced or bare, whichever family's least-memory per-layer plan XLA measured lower."""
+        least = {c.layer_plan.fenced: c.peak_bytes for c in measured
+                 if c.layer_plan is not None and c.label.startswith(f"every layer {LADDER[0]}")}
+        bare, fenced = least.get(False), least.get(True)
+        self.fenced = fenced is not None and (bare is None or fenced < bare)
+
+    def between(self, measured: list[Candidate]) -> list[Candidate]:
+        """Plans between the fastest fitting per-layer policy and the next one up (see the module docstring)."""
+        if self.layers is None:
+            return []
+        uniform = self._uniform_of(measured)
+        fits = [p for p in LADDER if p in uniform and uniform[p].step_seconds is not None]
+        if not fits:
+            return []
+        low = max(fits, key=LADDER.index)  # the fitting policy that saves the most
+        count = self.layers.count
+        out = [self._mix(low, None, 0, last_plain=True)]
+        up = next((p for p in LADDER[LADDER.index(low) + 1:] if p in uniform), None)
+        plain = next((c for c in measured if c.label == "plain"), None)
+        top = uniform[up] if up is not None else plain
+        low_peak, top_peak = uniform[low].peak_bytes, top.peak_bytes if top is not None else None
+        if top_peak is None or low_peak is None or top_peak <= low_peak:
+            return out
+        # XLA's peaks of the two uniform plans, read as a cost per layer moved up the ladder.
+        k = min(count - 1, int((self.call.budget - low_peak) * count // (top_peak - low_peak)))
+        if k >= 1:
+            out.append(self._mix(low, up, k, last_plain=False))
+        out += [self._mix(low, up, j, last_plain=True) for j in (k - 1, k - 2) if 1 <= j <= count - 2]
+        return out
+
+    def _uniform_of(self, measured: list[Candidate]) -> dict[StagePolicy, Candidate]:
+        """The measured plans with every layer under one policy, by policy."""
+        assert self.layers is not None
+        stages = self.layers.layer_stages()
+        out = {}
+        for c in measured:
+            if c.layer_plan is not None and c.layer_plan.fenced == self.fenced and \
+                    len({c.layer_plan.policies[s] for s in stages}) == 1:
+                out[c.layer_plan.policies[stages[0]]] = c
+        return out
+
+    def _mix(self, low: StagePolicy, up: StagePolicy, k: int, last_plain: bool) -> Candidate:
+        """``k`` layers under ``up`` after the others under ``low``, then, if ``last_plain``, the last
+        layer as written."""
+        assert self.layers is not None
+        rest = self.layers.count - k - int(last_plain)
+        per_layer = [low] * rest + [up] * k + [None] * int(last_plain)
+        parts = [f"{rest} x {low}"] + ([f"{k} x {up or 'as written'}"] if k else [])
+        parts += ["the last as written"] if last_plain else []
+        return self.layer_candidate(per_layer, "layers: " + ", then ".join(parts), self.fenced)
+
+    def measure(self, candidates: list[Candidate]) -> list[Candidate]:
+        """Each candidate compiled for its peak (in parallel); those that fit the budget, run for their time.
+
+        A candidate this process already measured for the same function and arguments (a sweep
+        of budgets) is not compiled or run again (:func:`_measured`)."""
+        call, known = self.call, _measured(self.call)
+        fresh = [c for c in candidates if c.label not in known]
+        progress.stage(f"step-time search: compiling {len(fresh)} candidate(s) in parallel")
+        compiled = compile_steps([c.program for c in fresh], call.args, call.kwargs, call.nums, call.has_aux)
+        known.update({c.label: (result, None) for c, result in zip(fresh, compiled)})
+        out = []
+        for candidate in candidates:
+            result, seconds = known[candidate.label]
+            if seconds is None and result.peak_bytes is not None and result.peak_bytes <= call.budget:
+                progress.stage(f"step-time search: running {candidate.label}")
+                seconds = step_seconds(result, self.inputs(result), call.repeats)
+                known[candidate.label] = (result, seconds)
+            fits = result.peak_bytes is not None and result.peak_bytes <= call.budget
+            logger.info("candidate %s: peak %s, compiled in %.1f s, step %s", candidate.label,
+                        "does not fit the device" if result.peak_bytes is None else format_bytes(result.peak_bytes),
+                        result.seconds, f"{1e3 * seconds:.2f} ms" if fits and seconds else "not run")
+            out.append(dataclasses.replace(candidate, compiled=result, step_seconds=seconds if fits else None))
+        return out
+
+    def inputs(self, compiled: Compiled) -> tuple:
+        """Arrays of the step's argument shapes (made once per call: every candidate's step takes the same)."""
+        if self._inputs is None:
+            self._inputs = example_arguments(compiled.step_args)
+        return self._inputs
+
+
+_MEASURED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _measured(call: TimedCall) -> dict[str, tuple[Compiled, float | None]]:
+    """What this process measured of ``call.fn``'s candidates on these arguments, by label: each
+    compile, and its step time where one was run. Kept while the function lives."""
+    key = (signature(call.args, call.kwargs), repr(call.nums), call.has_aux, call.repeats, jax.default_backend())
+    try:
+        per_fn = _MEASURED.setdefault(call.fn, {})
+    except TypeError:  # not weakly referenceable: measured each time
+        return {}
+    return per_fn.setdefault(key, {})
+
+
+def _nothing_fits(budget: int, tried: list[Candidate]) -> InfeasibleBudgetError:
+    measured = [c for c in tried if c.peak_bytes is not None]
+    if not measured:
+        return InfeasibleBudgetError(budget, 0, detail="(XLA could not fit any candidate into the device.)")
+    lowest = min(measured, key=lambda c: c.peak_bytes or 0)
+    peak = int(lowest.peak_bytes or 0)
+    return InfeasibleBudgetError(budget, peak, detail=f"(the lowest peak XLA measured among the step-time "
+                                 f"search's {len(tried)} candidates: {lowest.label}, {peak:,} bytes.)")
+
+
+def _plan(call: TimedCall, traced: TracedProgram, best: Candidate, plain: Candidate, tried: list[Candidate],
+          seconds: float) -> Plan:
+    """The plan of the fastest candidate, with every candidate's figures."""
+    graph = model_graph(traced, call.cost_model)
+    sim = simulate(graph, Schedule(plain=True))
+    baseline = gradient_flops(call.fn, call.args, call.kwargs, call.nums, call.cost_model, call.has_aux)
+    flops = baseline if best.program is call.fn else gradient_flops(
+        best.program, call.args, call.kwargs, call.nums, call.cost_model, call.has_aux)
+    order = sorted(tried, key=lambda c: (c.step_seconds is None, c.step_seconds or 0.0))
+    return Plan(
+        graph=annotate(graph, sim), budget_bytes=call.budget, predicted_peak_bytes=None,
+        measured_peak_bytes=best.peak_bytes, plain_peak_bytes=plain.peak_bytes,
+        recompute_flops=flops - baseline, measured_recompute_flops=flops - baseline, baseline_flops=baseline,
+        status="TIMED", gap=1.0, solve_seconds=seconds, attempts=len(tried), schedule=None,
+        jax_version=jax.__version__, loop_plan=best.loop_plan, layer_plan=best.layer_plan,
+        step_seconds=best.step_seconds, plain_step_seconds=plain.step_seconds,
+        timed=tuple(c.figure() for c in order),
+    )

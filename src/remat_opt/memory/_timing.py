@@ -1,0 +1,132 @@
+"""Compiling candidate steps side by side, and timing them on the device.
+
+The step-time search (:mod:`remat_opt._timed`) judges a candidate by two
+figures the device gives: XLA's peak (:func:`remat_opt.memory._measure.memory_of`)
+and the median wall time of the compiled step on arguments of the planned
+shapes. A candidate XLA cannot fit into the device (``RESOURCE_EXHAUSTED``,
+at compile or at run) does not fit: it is a figure, never a crash.
+
+Tracing and lowering run one at a time (Python); XLA's compiles run in a
+thread pool, as XLA releases the interpreter while it compiles.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import math
+import os
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from ._measure import abstract, gradient_step, memory_of
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """One candidate step compiled: its executable, peak and compile seconds, or why it has none.
+
+    Attributes:
+        executable: the compiled gradient step (``None`` when it did not compile).
+        peak_bytes: XLA's peak (argument + output + temp - alias), ``None`` when it did not compile.
+        seconds: wall time of the lowering and compile.
+        error: why it did not compile (``RESOURCE_EXHAUSTED: ...``), else ``None``.
+        step_args: the arguments the executable takes, as abstract values.
+    """
+
+    executable: Any
+    peak_bytes: int | None
+    seconds: float
+    error: str | None
+    step_args: tuple
+
+
+def out_of_memory(err: BaseException) -> bool:
+    """Whether ``err`` is XLA saying the program does not fit the device."""
+    text = f"{type(err).__name__}: {err}"
+    return "RESOURCE_EXHAUSTED" in text or "Ran out of memory" in text or "out of memory" in text.lower()
+
+
+def compile_steps(programs: Sequence[Callable[..., Any]], args: tuple, kwargs: dict, argnums: Any,
+                  has_aux: bool, workers: int | None = None) -> list[Compiled]:
+    """Each program's ``jax.value_and_grad`` step, lowered in turn and compiled in parallel.
+
+    Raises:
+        Exception: whatever a lowering or compile raises, except XLA's out-of-memory
+            error, which is the candidate's ``error``.
+    """
+    lowered = []
+    for program in programs:
+        started = time.perf_counter()
+        step, step_args, step_kwargs = gradient_step(program, args, kwargs, argnums, has_aux)
+        specs = (abstract(step_args), abstract(step_kwargs))
+        try:
+            low = jax.jit(step).trace(*specs[0], **specs[1]).lower()
+        except Exception as err:  # noqa: BLE001 - only XLA's out-of-memory is a figure
+            if not out_of_memory(err):
+                raise
+            low = err
+        lowered.append((low, time.perf_counter() - started, specs))
+
+    def build(item: tuple) -> Compiled:
+        low, seconds, specs = item
+        started = time.perf_counter()
+        if isinstance(low, BaseException):
+            return Compiled(None, None, seconds, f"{type(low).__name__}: {low}", specs)
+        try:
+            executable = low.compile()
+            peak = memory_of(executable)
+        except Exception as err:  # noqa: BLE001 - only XLA's out-of-memory is a figure
+            if not out_of_memory(err):
+                raise
+            return Compiled(None, None, seconds + time.perf_counter() - started, _short(err), specs)
+        return Compiled(executable, peak, seconds + time.perf_counter() - started, None, specs)
+
+    workers = workers or min(len(lowered), max(1, (os.cpu_count() or 2) - 1), 8)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        return list(pool.map(build, lowered))
+
+
+def _short(err: BaseException) -> str:
+    text = f"{type(err).__name__}: {err}"
+    return text if len(text) < 400 else text[:400] + " ..."
+
+
+def example_arguments(specs: tuple) -> tuple:
+    """Arrays of ``specs``' shapes, dtypes and shardings: zeros (keys from seed 0)."""
+    def make(spec: Any) -> Any:
+        if not isinstance(spec, jax.ShapeDtypeStruct):
+            return spec
+        sharding = getattr(spec, "sharding", None)
+        if jax.dtypes.issubdtype(spec.dtype, jax.dtypes.prng_key):
+            value = jax.random.split(jax.random.key(0), math.prod(spec.shape)).reshape(spec.shape)
+        else:
+            value = jnp.zeros(spec.shape, spec.dtype)
+        return jax.device_put(value, sharding) if sharding is not None else value
+
+    return jax.tree_util.tree_map(make, specs)
+
+
+def step_seconds(compiled: Compiled, inputs: tuple, repeats: int = 5) -> float | None:
+    """The median wall time of ``repeats`` runs of the compiled step on ``inputs``
+    (after one run to warm up); ``None`` when the device runs out of memory."""
+    if compiled.executable is None:
+        return None
+    step_args, step_kwargs = inputs
+    try:
+        jax.block_until_ready(compiled.executable(*step_args, **step_kwargs))
+        times = []
+        for _ in range(repeats):
+            started = time.perf_counter()
+            jax.block_until_ready(compiled.executable(*step_args, **step_kwargs))
+            times.append(time.perf_counter() - started)
+    except Exception as err:  # noqa: BLE001 - only the device's out-of-memory is a figure
+        if not out_of_memory(err):
+            raise
+        return None
+    return statistics.median(times)

@@ -1,0 +1,144 @@
+"""Layer plans: the program cut into stages, each under ``jax.checkpoint`` with its own policy.
+
+This is the plan a JAX user writes by hand, ``jax.checkpoint(layer, policy=...)``
+around each layer, found on the traced program instead of in the user's code:
+the stages are runs of equations of the flat jaxpr (a repeated layer, found
+by :func:`remat_opt.solve._layers.layer_bounds`), and each stage gets a policy of
+its own, so a plan can mix them (the last layers saving their matmuls, the
+others nothing).
+
+A stage's policy is one of JAX's built-in policies by name (a key of
+:data:`remat_opt.rewrite._policies.POLICIES`), a tuple of names to save
+(``save_only_these_names``: a MaxText recipe over the user's
+``checkpoint_name``\\ s), or ``None`` (the stage runs as written).
+
+``fenced`` puts each checkpointed stage behind the rewriter's fence
+(:func:`remat_opt.rewrite._rewrite.fenced_checkpoint`), for a backend whose
+compiler would merge a bare checkpoint's recomputation back into the forward
+(XLA:CPU, docs/xla_findings.md §1). Where the compiler honours a bare
+``jax.checkpoint`` (XLA:TPU, docs/xla_findings.md §9) the fence costs memory and time.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+from jax._src import core
+
+from ..program._eval import eval_eqn, read_atom
+from ..program._trace import TracedProgram
+from ._policies import POLICIES
+from ._rewrite import fenced_checkpoint
+
+StagePolicy = str | tuple[str, ...] | None
+"""A built-in policy's name, the names to save, or ``None`` (as written)."""
+
+
+@dataclass(frozen=True)
+class LayerPlan:
+    """Each stage ``[bounds[i], bounds[i + 1])`` of the flat program under ``policies[i]``.
+
+    Attributes:
+        bounds: equation positions where the stages start, then the program's end
+            (``bounds[0] == 0``).
+        policies: one per stage (see :data:`StagePolicy`).
+        fenced: whether each checkpointed stage is fenced (see the module docstring).
+    """
+
+    bounds: tuple[int, ...]
+    policies: tuple[StagePolicy, ...]
+    fenced: bool = False
+
+    def __post_init__(self) -> None:
+        if len(self.bounds) != len(self.policies) + 1 or list(self.bounds) != sorted(set(self.bounds)):
+            raise ValueError(f"A layer plan needs increasing bounds, one more than its policies; "
+                             f"got bounds {self.bounds} and {len(self.policies)} policies.")
+        for policy in self.policies:
+            if isinstance(policy, str) and policy not in POLICIES:
+                raise ValueError(f"policy must be one of {sorted(POLICIES)}, a tuple of names or None; "
+                                 f"got {policy!r}.")
+
+    def __str__(self) -> str:
+        counts = Counter(_label(p) for p in self.policies if p is not None)
+        if not counts:
+            return "the program as written"
+        parts = ", ".join(f"{n} x {label}" for label, n in counts.items())
+        return f"{sum(counts.values())} layers checkpointed{' (fenced)' if self.fenced else ''}: {parts}"
+
+
+def _label(policy: StagePolicy) -> str:
+    if isinstance(policy, tuple):
+        return f"save {', '.join(policy)}" if policy else "nothing_saveable"
+    return str(policy)
+
+
+def _policy(policy: StagePolicy) -> Callable[..., bool]:
+    if isinstance(policy, tuple):
+        return jax.checkpoint_policies.save_only_these_names(*policy)
+    return POLICIES[str(policy)]
+
+
+def _stage_io(jaxpr: core.Jaxpr, bounds: Sequence[int]) -> list[tuple[tuple[core.Var, ...], tuple[core.Var, ...]]]:
+    """Per stage, the variables it reads from before it, and those it makes that are read after it."""
+    read_after: set = {v for v in jaxpr.outvars if isinstance(v, core.Var)}
+    io = []
+    for lo, hi in reversed(list(zip(bounds[:-1], bounds[1:]))):
+        made = {v for e in jaxpr.eqns[lo:hi] for v in e.outvars}
+        reads = list(dict.fromkeys(v for e in jaxpr.eqns[lo:hi] for v in e.invars
+                                   if isinstance(v, core.Var) and v not in made))
+        outs = tuple(v for e in jaxpr.eqns[lo:hi] for v in e.outvars if v in read_after)
+        io.append((tuple(reads), outs))
+        read_after |= set(reads)
+    return io[::-1]
+
+
+def layer_program(traced: TracedProgram, plan: LayerPlan) -> Callable[..., list[Any]]:
+    """The flat program of ``traced`` under ``plan``, as a function of its flat inputs.
+
+    Raises:
+        ValueError: ``plan.bounds`` does not end at the program's last equation.
+    """
+    closed = traced.jaxpr
+    jaxpr = closed.jaxpr
+    if plan.bounds[0] != 0 or plan.bounds[-1] != len(jaxpr.eqns):
+        raise ValueError(f"The plan's bounds must run from 0 to {len(jaxpr.eqns)}; got {plan.bounds}.")
+    io = _stage_io(jaxpr, plan.bounds)
+    stages = []
+    for (lo, hi), (reads, outs), policy in zip(zip(plan.bounds[:-1], plan.bounds[1:]), io, plan.policies):
+        run = _stage_fn(jaxpr, lo, hi, reads, outs)
+        if policy is not None:
+            run = _checkpointed(run, _policy(policy), reads, traced.tangent_vars, plan.fenced)
+        stages.append((run, reads, outs))
+
+    def program(*flat_args: Any) -> list[Any]:
+        env: dict = dict(zip(jaxpr.constvars, closed.consts))
+        env.update(zip(jaxpr.invars, flat_args))
+        for run, reads, outs in stages:
+            env.update(zip(outs, run(*(env[v] for v in reads))))
+        return [read_atom(env, v) for v in jaxpr.outvars]
+
+    return program
+
+
+def _stage_fn(jaxpr: core.Jaxpr, lo: int, hi: int, reads: tuple, outs: tuple) -> Callable[..., tuple]:
+    def run(*vals: Any) -> tuple:
+        env = dict(zip(reads, vals))
+        for eqn in jaxpr.eqns[lo:hi]:
+            env.update(zip(eqn.outvars, eval_eqn(eqn, [read_atom(env, v) for v in eqn.invars])))
+        return tuple(env[v] for v in outs)
+
+    return run
+
+
+def _checkpointed(run: Callable[..., tuple], policy: Callable[..., bool], reads: tuple,
+                  tangent_vars: frozenset, fenced: bool) -> Callable[..., tuple]:
+    if not fenced:
+        return jax.checkpoint(run, policy=policy)
+    differentiable = tuple(v in tangent_vars for v in reads)
+    if not any(differentiable):
+        return run
+    return fenced_checkpoint(run, (), differentiable, policy=policy)

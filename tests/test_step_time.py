@@ -1,0 +1,143 @@
+"""The step-time search (``objective="time"``): per-layer plans found on the program, run on the device.
+
+On the CPU these check the search's logic and guarantees (what it returns fits and
+is the fastest it ran; gradients are the plain program's; a candidate the device
+cannot fit is a figure, not a crash). How fast its plans are against the one-line
+policies is measured on a TPU by experiments/step_time.py.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import remat_opt
+from remat_opt.memory import _timing
+from remat_opt.program._trace import trace
+from remat_opt.rewrite._layers import LayerPlan, layer_program
+from remat_opt.program._trace import with_signature
+from remat_opt.solve._layers import layers_of
+
+WIDTH, HIDDEN, LAYERS = 64, 256, 4
+
+
+def residual_mlp(params, x):
+    """A pre-LN residual MLP written as a plain Python loop over layer dicts, no annotation."""
+    for layer in params["layers"]:
+        h = (x - x.mean(-1, keepdims=True)) * layer["scale"]
+        x = x + jax.nn.gelu(h @ layer["w_in"]) @ layer["w_out"]
+    return jnp.mean((x @ params["head"]) ** 2)
+
+
+@pytest.fixture(scope="module")
+def mlp_args():
+    key = jax.random.PRNGKey(1)
+    keys = iter(jax.random.split(key, 3 * LAYERS + 2))
+    layers = [{"scale": jnp.ones((WIDTH,)),
+               "w_in": jax.random.normal(next(keys), (WIDTH, HIDDEN)) / WIDTH**0.5,
+               "w_out": jax.random.normal(next(keys), (HIDDEN, WIDTH)) / HIDDEN**0.5} for _ in range(LAYERS)]
+    params = {"layers": layers, "head": jax.random.normal(next(keys), (WIDTH, 8)) / WIDTH**0.5}
+    return params, jax.random.normal(next(keys), (4096, WIDTH))
+
+
+def close(got, want):
+    return all(np.allclose(g, w, rtol=1e-5, atol=1e-6) for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)))
+
+
+def test_the_layers_of_a_loop_are_found_on_the_program(mlp_args):
+    layers = layers_of(trace(residual_mlp, mlp_args, {}, (0,)))
+    assert layers is not None and layers.count == LAYERS
+    bounds = layers.bounds()
+    assert bounds[0] == 0 and len(layers.layer_stages()) == LAYERS
+
+
+@pytest.mark.parametrize("fenced", [False, True])
+def test_a_layer_plan_has_the_programs_gradients(mlp_args, fenced):
+    traced = trace(residual_mlp, mlp_args, {}, (0,))
+    layers = layers_of(traced)
+    policies = [None] * (len(layers.bounds()) - 1)
+    for stage, policy in zip(layers.layer_stages(), ("nothing_saveable", "dots_saveable", None, "nothing_saveable")):
+        policies[stage] = policy
+    plan = LayerPlan(layers.bounds(), tuple(policies), fenced)
+    program = with_signature(residual_mlp, traced, layer_program(traced, plan))
+    assert close(jax.jit(jax.grad(program))(*mlp_args), jax.grad(residual_mlp)(*mlp_args))
+    assert "3 layers checkpointed" in str(plan)
+
+
+def test_a_layer_plan_rejects_bounds_that_do_not_match_its_policies():
+    with pytest.raises(ValueError, match="bounds"):
+        LayerPlan((0, 5, 3), (None, None))
+    with pytest.raises(ValueError, match="policy"):
+        LayerPlan((0, 5), ("saves_everything",))
+
+
+def test_the_search_returns_the_fastest_candidate_that_fits(mlp_args):
+    plain = remat_opt.peak_bytes(residual_mlp, *mlp_args)
+    budget = int(0.8 * plain)
+    step = remat_opt.optimize(residual_mlp, budget, objective="time", cache=False)
+    plan = step.plan(*mlp_args)
+    assert plan.status == "TIMED" and plan.fits
+    assert remat_opt.peak_bytes(step, *mlp_args) == plan.measured_peak_bytes <= budget
+    run = [t for t in plan.timed if t.step_seconds is not None]
+    assert run and all(t.peak_bytes <= budget for t in run)
+    assert plan.step_seconds == min(t.step_seconds for t in run)
+    assert all(t.step_seconds is None for t in plan.timed if t.peak_bytes is None or t.peak_bytes > budget)
+    assert close(jax.jit(jax.grad(step))(*mlp_args), jax.grad(residual_mlp)(*mlp_args))
+    # XLA:CPU undoes a bare per-layer checkpoint (docs/xla_findings.md §1): the search saw it and fenced them.
+    assert plan.layer_plan is None or plan.layer_plan.fenced
+    assert "step" in str(plan) and "ms" in str(plan)
+
+
+def test_a_candidate_the_device_cannot_fit_is_a_figure_not_a_crash(mlp_args, monkeypatch):
+    plain = remat_opt.peak_bytes(residual_mlp, *mlp_args)
+    device = int(0.9 * plain)  # a device smaller than the plain step: XLA says RESOURCE_EXHAUSTED
+    real = _timing.memory_of
+
+    def small_device(compiled):
+        peak = real(compiled)
+        if peak > device:
+            raise RuntimeError(f"RESOURCE_EXHAUSTED: Ran out of memory in memory space hbm: {peak} bytes")
+        return peak
+
+    monkeypatch.setattr(_timing, "memory_of", small_device)
+
+    def loss(params, x):  # a function of its own: this process measured residual_mlp on a larger "device"
+        return residual_mlp(params, x)
+
+    plan = remat_opt.optimize(loss, device, objective="time", cache=False).plan(*mlp_args)
+    assert plan.fits and plan.measured_peak_bytes <= device
+    refused = [t for t in plan.timed if t.peak_bytes is None]
+    assert any(t.label == "plain" for t in refused) and all("RESOURCE_EXHAUSTED" in t.note for t in refused)
+
+
+def test_nothing_that_fits_is_refused_with_the_lowest_peak_measured(mlp_args):
+    plain = remat_opt.peak_bytes(residual_mlp, *mlp_args)
+    step = remat_opt.optimize(residual_mlp, int(0.2 * plain), objective="time", cache=False)
+    with pytest.raises(remat_opt.InfeasibleBudgetError) as err:
+        step.plan(*mlp_args)
+    assert int(0.2 * plain) < err.value.min_budget_bytes <= plain
+    assert "step-time search" in str(err.value)
+
+
+def test_options_of_the_step_time_search_are_checked():
+    with pytest.raises(remat_opt.InvalidOptionError, match="objective"):
+        remat_opt.optimize(residual_mlp, "1MiB", objective="speed")
+    if jax.default_backend() == "cpu":
+        with pytest.raises(remat_opt.InvalidBudgetError, match="device"):
+            remat_opt.optimize(residual_mlp, "device")
+
+
+def test_the_step_time_table_runs_where_it_is(tmp_path):
+    # experiments/step_time.py, as on the TPU, on a CPU-sized GPT: every plan it returns fits its budget
+    # and has the plain program's gradients.
+    from experiment_scripts import read_rows, run_script
+
+    run_script("step_time.py", "--programs", "tiny_gpt", "--fractions", "0.6", "--repeats", "2",
+               "--objective", "time", "--out", str(tmp_path))
+    rows = read_rows(tmp_path / f"step_time_{jax.default_backend()}.csv")
+    plans = [r for r in rows if r["kind"] == "plan"]
+    assert {r["strategy"] for r in rows if r["kind"] == "layer"} == {
+        "layer/nothing_saveable", "layer/dots_with_no_batch_dims_saveable", "layer/dots_saveable"}
+    assert len(plans) == 4
+    for r in plans:
+        assert r["exception"] or (r["fits"] == "True" and float(r["grad_error_over_tolerance"]) <= 1.0), r
