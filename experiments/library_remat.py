@@ -1,6 +1,6 @@
 """The held-out library models against their library's own per-block remat (issue 21, item 2).
 
-For each library program of ``heldout_programs`` (dm-haiku ResNet, Flax NNX
+For each library program of ``heldout_programs`` (dm-haiku VGG (the haiku ResNet before issue 50), Flax NNX
 ViT, Equinox encoder, penzai decoder), as its users write it, at 0.8, 0.6 and
 0.4 of its plain XLA peak:
 
@@ -30,7 +30,7 @@ These are held-out programs: nothing of remat_opt may be tuned on what this
 prints (see heldout_programs).
 
 Usage:
-    python experiments/library_remat.py [--programs haiku_resnet,flax_nnx_vit] [--fractions 0.8,0.6,0.4]
+    python experiments/library_remat.py [--programs haiku_vgg,flax_nnx_vit] [--fractions 0.8,0.6,0.4]
         [--policies nothing_saveable,dots_saveable] [--out DIR]
 """
 
@@ -59,7 +59,7 @@ from heldout_programs import PROGRAMS, Program
 
 FRACTIONS = (0.8, 0.6, 0.4)
 # Each library program, and its own per-block remat (the factory's remat_policy knob).
-LIBRARY_REMAT = {"haiku_resnet": "hk.remat", "flax_nnx_vit": "nnx.remat",
+LIBRARY_REMAT = {"haiku_vgg": "hk.remat", "flax_nnx_vit": "nnx.remat",
                  "equinox_transformer": "eqx.filter_checkpoint", "penzai_decoder": "pz Checkpointed"}
 COLUMNS = ("program", "fraction", "budget", "method", "kind", "xla_peak", "fits", "recompute_flops_pct",
            "grad_error", "min_budget_bytes", "plain_peak", "plain_flops", "status", "seconds", "exception")

@@ -59,6 +59,7 @@ from remat_opt._cache import list_entries
 from remat_opt.baselines._reference import policy_plan, reference
 from remat_opt.memory._measure import traced_step
 from remat_opt.memory._sharded import collective_bytes
+from remat_opt.program._traced_layout import traced_layout
 from remat_opt.rewrite._policies import layer_policy_program
 from remat_opt.zoo import mlp
 
@@ -228,24 +229,59 @@ def budget_result(case: str, loss, args, want, budget: int, folder: str) -> dict
         # (dp_explicit's policies are dp's: not measured twice)
         "baselines": baselines(loss, args, budget) if case != "dp_explicit" else {}, "gathers": gathers(plan), "report": str(plan),
         "cached": cached(loss, args, budget, plan, folder) if case == "fsdp" else None,
+        "under_jit": under_jit(loss, args, budget, plan) if case in UNDER_JIT else None,
     }
+
+
+UNDER_JIT = ("dp", "fsdp", "dp_tp", "dp_explicit")
+"""Cases also planned first under ``jax.jit``, on tracers, as the README calls the step."""
+
+
+def count_compiles(run) -> tuple:
+    """``run()`` and the XLA compiles it made."""
+    compiles = []
+    compile_ = jax.stages.Lowered.compile
+    jax.stages.Lowered.compile = lambda self, *a, **k: compiles.append(1) or compile_(self, *a, **k)
+    try:
+        return run(), len(compiles)
+    finally:
+        jax.stages.Lowered.compile = compile_
+
+
+def under_jit(loss, args, budget: int, made: remat_opt.Plan) -> dict:
+    """A fresh ``optimize`` planned inside ``jax.jit(jax.value_and_grad(step)).lower(*args)``
+    (the arguments are tracers), then asked for ``plan(*args)`` on the arrays: the plan made under
+    ``jit`` must be the one ``plan()`` makes (``made``), found without compiling anything."""
+    step = remat_opt.optimize(loss, budget, cache=False, solver_options=SOLVER)
+    try:
+        jax.jit(jax.value_and_grad(step)).lower(*args)
+    except remat_opt.InfeasibleBudgetError as err:
+        return {"error": str(err), "compiles": None, "same": False}
+    plan, compiles = count_compiles(lambda: step.plan(*args))
+    # Inside a jit of more arguments, in another order, the tracers still find their arrays' layout.
+    seen = []
+
+    def probe(params, batch):
+        seen.extend(traced_layout(jax.tree.leaves((params, batch))))
+        return loss(params, batch)
+
+    extra = jax.device_put(jnp.zeros(8), NamedSharding(jax.tree.leaves(args)[0].sharding.mesh, P()))
+    jax.jit(lambda e, batch, params: jax.grad(probe)(params, batch)).lower(extra, args[1], args[0])
+    same = (plan.schedule == made.schedule and plan.loop_plan == made.loop_plan
+            and plan.whole_policy == made.whole_policy and plan.measured_peak_bytes == made.measured_peak_bytes)
+    return {"error": None, "compiles": compiles, "same": same, "measured": plan.measured_peak_bytes,
+            "reordered_layouts_found": seen == [a.sharding for a in jax.tree.leaves(args)]}
 
 
 def cached(loss, args, budget: int, made: remat_opt.Plan, folder: str) -> dict:
     """The plan ``made`` kept in the plan cache ``folder`` and loaded by another ``optimize``:
     compiles while loading, and what it restores."""
     (entry,) = list_entries(Path(folder))
-    compiles = []
-    compile_ = jax.stages.Lowered.compile
-    jax.stages.Lowered.compile = lambda self, *a, **k: compiles.append(1) or compile_(self, *a, **k)
-    try:
-        step = remat_opt.optimize(loss, budget, cache=folder, solver_options=SOLVER)
-        loaded = step.plan(*args)
-    finally:
-        jax.stages.Lowered.compile = compile_
+    step = remat_opt.optimize(loss, budget, cache=folder, solver_options=SOLVER)
+    loaded, compiles = count_compiles(lambda: step.plan(*args))
     same = (loaded.schedule == made.schedule and loaded.measured_peak_bytes == made.measured_peak_bytes
             and loaded.collectives == made.collectives and loaded.collective_bytes == made.collective_bytes)
-    return {"kind": entry["kind"], "valid": entry["valid"], "compiles": len(compiles), "same": same,
+    return {"kind": entry["kind"], "valid": entry["valid"], "compiles": compiles, "same": same,
             "remeasured": remat_opt.peak_bytes(step, *args), "measured": loaded.measured_peak_bytes}
 
 

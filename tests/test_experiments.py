@@ -64,10 +64,12 @@ def test_loop_fidelity_quick(tmp_path):
     assert max(abs(float(r["error"])) for r in rows) < max(abs(float(r["error_without_rerun"])) for r in rows)
 
 
-def test_schedule_fidelity_holds_on_the_measured_schedules():
-    """The memory model re-predicts the committed set of XLA-measured schedules
-    (Chen's, Revolve's and CP-SAT's on the zoo models) within 5%: a model
-    change that breaks it shows here, not in a sweep. Measured: 109 of 117
+def test_regression_zoo_schedule_fidelity_on_the_rows_the_rules_were_tuned_on():
+    """A regression test, not evidence of fidelity: the memory model's rules were read off
+    these very rows (Chen's, Revolve's and CP-SAT's schedules on the zoo models, measured on
+    XLA), so it re-predicting them within 5% says nothing about other programs (the held-out
+    and fresh sets do, ``experiments/heldout.py``). It catches a model change that breaks
+    what it was tuned to, here rather than in a sweep. Measured: 109 of 117
     within 5%, -5.5% .. +10.6% at the commit that added it; 113 of 117,
     -5.0% .. +6.3% once saved names were laid over gradient slots and nested
     segments held their cotangents through their last segment; all 118,
@@ -92,7 +94,10 @@ def test_schedule_fidelity_holds_on_the_measured_schedules():
     checked = schedule_fidelity.check(rows)
     errors = [r["relative_error"] for r in checked]
     assert max(abs(e) for e in errors) <= 0.05, schedule_fidelity.summary(checked)
-    assert "all " in schedule_fidelity.summary(checked)
+    # The figure itself: every one of the 118 rows within 5% (the summary's own line says so).
+    inside = sum(abs(e) <= 0.05 for e in errors)
+    assert (inside, len(errors)) == (118, 118), schedule_fidelity.summary(checked)
+    assert f"all     {inside}/{len(errors)} within 5%" in schedule_fidelity.summary(checked)
 
 
 def test_relaxed_bound_quick(tmp_path):

@@ -104,3 +104,16 @@ def test_a_sharded_plan_is_kept_and_loaded_without_compiling(runs):
     assert cached["compiles"] == 0  # loaded: no solve, no candidate compiled, no partitioned compile
     assert cached["same"]  # the schedule, XLA's per-device peak and the collectives' report, as made
     assert cached["remeasured"] == cached["measured"] == r["measured"]  # the program rebuilt is the one measured
+
+
+@pytest.mark.parametrize("case", ["dp", "fsdp", "dp_tp", "dp_explicit"])
+def test_a_plan_made_under_jit_is_the_plan_made_on_the_arrays(runs, case):
+    """``jax.jit(jax.value_and_grad(step)).lower(*arrays)`` first: the tracers' layout is the arrays'
+    (the shardings ``jit`` was passed; on ``Explicit`` axes, the types'), so the plan made there is
+    the per-device plan ``plan()`` makes, and ``plan()`` afterwards finds it without compiling."""
+    for r in runs[case]["results"]:
+        made = r["under_jit"]
+        assert made["error"] is None, made["error"]  # not the unsharded program's refusal
+        assert made["compiles"] == 0 and made["same"]
+        assert made["reordered_layouts_found"]  # under a jit of other arguments too, matched by tracer
+        assert made["measured"] == r["measured"] <= r["budget"]

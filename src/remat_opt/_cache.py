@@ -222,7 +222,8 @@ def plan_entry(plan: Plan, kind: str, function: str) -> dict[str, Any]:
     figures = {name: getattr(plan, name) for name in _PLAN_FIELDS}
     figures["collectives"] = [dataclasses.asdict(c) for c in plan.collectives]
     loop = None if plan.loop_plan is None else {"policy": plan.loop_plan.policy, "chunks": plan.loop_plan.chunks,
-                                                "saved": plan.loop_plan.saved, "body": plan.loop_plan.body}
+                                                "saved": plan.loop_plan.saved, "body": plan.loop_plan.body,
+                                                "names": plan.loop_plan.names}
     layers = None if plan.layer_plan is None else {
         "bounds": list(plan.layer_plan.bounds), "fenced": plan.layer_plan.fenced,
         "policies": [list(p) if isinstance(p, tuple) else p for p in plan.layer_plan.policies]}
@@ -270,8 +271,9 @@ def entry_loop_plan(entry: Mapping[str, Any]) -> LoopPlan | None:
     if loop is None:
         return None
     saved = loop.get("saved")
+    names = loop.get("names")
     return LoopPlan(loop["policy"], int(loop["chunks"]), None if saved is None else tuple(saved),
-                    loop.get("body", "scan"))
+                    loop.get("body", "scan"), None if names is None else tuple(names))
 
 
 def entry_layer_plan(entry: Mapping[str, Any]) -> LayerPlan | None:

@@ -3,7 +3,10 @@
 Two families (:class:`remat_opt.rewrite._loops.LoopPlan`):
 
 * :func:`loop_plans`: the plans users write by hand on a loop, JAX's built-in
-  policies on the body, with and without sqrt(n) nesting of the iterations.
+  policies on the body, with and without sqrt(n) nesting of the iterations, and
+  the name recipes over the ``checkpoint_name``s the body carries (MaxText's menu).
+  Each is a baseline the planner measures itself, so none that fits recomputes
+  less than the plan, and a budget is refused only below all of them.
   No solver: a finite family, measured in order of recomputed FLOPs up to the
   first that fits.
 * :func:`body_plans`: what the body saves, chosen by CP-SAT over the body's
@@ -53,7 +56,7 @@ from .program._graph import ProgramGraph, build_graph
 from .program._manual import shard_map_body
 from .program._scan_body import ScanBody, scan_body
 from .program._trace import TracedProgram, planned_bodies, trace, with_signature
-from .rewrite._loops import LoopPlan, loop_candidates, loop_program, scan_lengths
+from .rewrite._loops import LoopPlan, loop_candidates, loop_program, recipe_candidates, scan_lengths, user_names
 from .solve._body import BodyChoice, choose_saved
 from .solve._solve import SolverOptions
 
@@ -160,7 +163,8 @@ def loop_plans(search: LoopSearch, ceiling_flops: int | None = None, nested_floo
         return []
     candidates = []
     unnested: dict[str | None, int] = {}  # policy -> FLOPs of its plan without nesting
-    for loop in sorted(loop_candidates(lengths), key=lambda loop: loop.chunks > 1):  # without nesting first
+    family = [*loop_candidates(lengths), *recipe_candidates(user_names(search.whole))]
+    for loop in sorted(family, key=lambda loop: loop.chunks > 1):  # without nesting first
         floor = max(unnested.get(loop.policy, 0), nested_floor) if loop.chunks > 1 else 0
         if ceiling_flops is not None and floor >= ceiling_flops:
             continue

@@ -4,8 +4,8 @@ The plan itself is made as for one device (the graph takes one device's bytes
 and the collectives' costs, :mod:`remat_opt.memory._sharded`); around it,
 each program is measured with its collective bytes too, an unreachable budget
 says it is one device's, the returned plan carries XLA's collective figures,
-and a call under ``jax.jit`` (tracers, which carry no layout) finds the plan
-made for the same shapes on the mesh.
+and a call under ``jax.jit`` takes its tracers' layout from the call being
+traced, or else finds the plan made for the same shapes on the mesh.
 """
 
 from __future__ import annotations
@@ -19,11 +19,12 @@ import jax
 from ._errors import InfeasibleBudgetError
 from ._plan import Plan
 from .memory._compiles import PEAK_FIGURES_ONLY, compile_for_figures, compiled_figures, peak_as_jit_compiles
-from .memory._measure import memory_of, traced_step
+from .memory._measure import abstract, memory_of, traced_step
 from .memory._sharded import Partitioned, collective_bytes, collective_decisions
 from .program._cost import Interconnect
 from .program._graph import ProgramGraph
-from .program._static import mesh_sharding
+from .program._static import combine, mesh_sharding, split
+from .program._traced_layout import traced_layout
 
 Measure = Callable[[Callable[..., Any]], int]
 
@@ -85,9 +86,21 @@ def with_collectives(plan: Plan, graph: ProgramGraph, partitioned: Partitioned, 
                                collectives=collective_decisions(graph, partitioned, decisions) if same else ())
 
 
+def laid_out(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """``abstract(args)`` and ``abstract(kwargs)``, each tracer leaf given the mesh layout of the
+    array it stands for, where the call it comes from says it (:mod:`remat_opt.program._traced_layout`):
+    a plan made under ``jax.jit`` is then the one ``plan()`` makes on the arrays."""
+    leaves, static = split((args, kwargs))
+    if not any(isinstance(x, jax.core.Tracer) for x in leaves):
+        return abstract(args), abstract(kwargs)
+    specs = [jax.ShapeDtypeStruct(jax.numpy.shape(x), jax.numpy.result_type(x), sharding=s)
+             for x, s in zip(leaves, traced_layout(leaves))]
+    return combine(specs, static)
+
+
 def sharded_twin(planned: Mapping[Any, Any], key: Any) -> Any | None:
-    """Under ``jax.jit`` the arguments are tracers, which carry no mesh
-    layout: a call whose leaves have no sharding takes the plan made for the
+    """Under ``jax.jit`` the arguments are tracers; where their layout could not be read
+    (:func:`laid_out`), a call whose leaves have no sharding takes the plan made for the
     same shapes on a mesh (by ``plan`` or a call on the arrays). ``planned``
     maps signatures (``static``; ``avals`` of shape, dtype, sharding) to plans."""
     if any(sharding is not None for *_, sharding in key.avals):

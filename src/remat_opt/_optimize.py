@@ -34,7 +34,7 @@ from ._forward import forward_mode
 from ._inputs import check_call
 from ._loop_planning import LoopCandidate, LoopSearch, body_plans, loop_plans
 from ._lowest import lowest_kept, recall, remember
-from ._mesh import measurer, per_device_error, sharded_twin, with_collectives
+from ._mesh import laid_out, measurer, per_device_error, sharded_twin, with_collectives
 from . import _progress as progress
 from ._plan import Plan, annotate, measured_flops_of, measured_peak_of
 from ._policy_planning import (PolicyCandidate, counted_policies, measured_policies, unmeasured_policies,
@@ -46,7 +46,7 @@ from ._timed import TimedCall, timed_plan
 from ._layer_policies import cheapest_fitting, counted_layer_policies
 from ._verify import verified
 from .memory._facts import check_known, model_graph, read_plain, with_memory_facts
-from .memory._measure import Signature, abstract, gradient_flops, signature
+from .memory._measure import Signature, gradient_flops, signature
 from .memory._once import once_values
 from .memory._sharded import sharded_graph, with_shardings
 from .memory._simulate import calibrate, simulate
@@ -123,7 +123,8 @@ class OptimizedFunction:
 
     def _planned(self, args: tuple, kwargs: dict) -> tuple[Plan, Callable[..., Any]]:
         try:
-            specs, kwargs_specs = with_shardings(abstract(args), self.in_shardings), abstract(kwargs)
+            specs, kwargs_specs = laid_out(args, kwargs)  # tracers: the layout of the arrays under jit
+            specs = with_shardings(specs, self.in_shardings)
         except TypeError:  # a leaf JAX cannot trace (a string array): the typed error names it
             check_call(self.fn, args, kwargs, self.argnums, self.has_aux)
             raise

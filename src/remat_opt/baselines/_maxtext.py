@@ -17,18 +17,9 @@ from typing import Any
 
 import jax
 
-_QKV = ("query_proj", "key_proj", "value_proj")
+from ..rewrite._policies import NAME_RECIPES
 
-RECIPES: dict[str, tuple[str, ...]] = {
-    "full": (),
-    "save_out_proj": ("out_proj",),
-    "save_qkv_proj": _QKV,
-    "save_dot_except_mlp": (*_QKV, "out_proj"),
-    "save_dot_except_mlpwi": (*_QKV, "out_proj", "mlpwo"),
-    "save_dot_with_context_except_mlp": (*_QKV, "context", "out_proj"),
-    "minimal": (*_QKV, "out_proj", "mlpwi", "mlpwo"),
-    "minimal_with_context": (*_QKV, "context", "out_proj", "mlpwi", "mlpwo"),
-}
+RECIPES: dict[str, tuple[str, ...]] = NAME_RECIPES
 """Recipe name -> the names it saves (``full`` saves none: the layer is recomputed whole)."""
 
 

@@ -16,6 +16,11 @@ measurement:
   (:mod:`remat_opt.program._names`, on the body flattened as
   :mod:`remat_opt.program._scan_body` flattens it): a saved set CP-SAT chose
   (:mod:`remat_opt.solve._body`), or names the user gave with ``checkpoint_name``.
+* ``names``: the scan body, as written, under ``jax.checkpoint`` with
+  ``save_only_these_names(*names)`` over the user's own ``checkpoint_name``s: a
+  recipe (MaxText's ``remat_policy`` menu, :data:`remat_opt.rewrite._policies.NAME_RECIPES`,
+  on the names the body carries; :func:`recipe_candidates`), exactly the program a user
+  writes with it.
 * ``chunks``: the iterations nested in ``chunks`` groups, each group an inner
   scan checkpointed whole, so the forward stores one carry per group and the
   backward recomputes one group at a time (Chen's sqrt(n) on a loop).
@@ -45,7 +50,7 @@ from jax import lax
 from jax._src import core
 from jax.extend.core import ClosedJaxpr
 
-from ._policies import POLICIES
+from ._policies import NAME_RECIPES, POLICIES
 from ._rewrite import fenced_checkpoint
 from ..program._names import eval_program
 from ..program._manual import shard_map_body
@@ -68,19 +73,25 @@ class LoopPlan:
             ``jax.checkpoint`` saving only the values of these names.
         body: what the planned body belongs to: ``"scan"``, or ``"shard_map"``
             (one call's body, per device; ``chunks`` is then 1).
+        names: if set (``policy`` and ``saved`` are then ``None``), the body as written runs
+            under ``jax.checkpoint`` saving only the values the user named so (``checkpoint_name``).
     """
 
     policy: str | None
     chunks: int = 1
     saved: tuple[str, ...] | None = None
     body: str = "scan"
+    names: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
-        if self.policy is not None and self.saved is not None:
-            raise ValueError("A loop plan has a built-in policy or a saved set, not both.")
+        if sum(x is not None for x in (self.policy, self.saved, self.names)) > 1:
+            raise ValueError("A loop plan has one of a built-in policy, a saved set and the user's names, "
+                             "not both or all.")
 
     def __str__(self) -> str:
-        if self.saved is not None:
+        if self.names is not None:
+            body = f"saving the names {', '.join(self.names)}"
+        elif self.saved is not None:
             body = f"saving {len(self.saved)} named value{'s' if len(self.saved) != 1 else ''}"
         else:
             body = "as written" if self.policy is None else f"under {self.policy}"
@@ -125,6 +136,36 @@ def loop_candidates(lengths: Sequence[int]) -> list[LoopPlan]:
     return plans
 
 
+def user_names(traced: TracedProgram) -> tuple[str, ...]:
+    """The ``checkpoint_name``s the user gave values in the bodies of :func:`planned_scans`
+    (inner calls included), in order of first appearance."""
+    found: dict[str, None] = {}
+
+    def visit(jaxpr: Any) -> None:
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name == "name" and isinstance(eqn.params.get("name"), str):
+                found.setdefault(eqn.params["name"], None)
+            for value in eqn.params.values():
+                for sub in value if isinstance(value, (tuple, list)) else (value,):
+                    if isinstance(sub, (core.Jaxpr, ClosedJaxpr)):
+                        visit(getattr(sub, "jaxpr", sub))
+
+    for i in planned_scans(traced):
+        visit(traced.jaxpr.jaxpr.eqns[i].params["jaxpr"].jaxpr)
+    return tuple(found)
+
+
+def recipe_candidates(names: Sequence[str]) -> list[LoopPlan]:
+    """The name recipes a user of a body carrying ``names`` can write: each of
+    :data:`~remat_opt.rewrite._policies.NAME_RECIPES` on the names present, and every name;
+    none equal to saving nothing (a plan measured anyway), each set once."""
+    present = set(names)
+    sets = [tuple(n for n in recipe if n in present) for recipe in NAME_RECIPES.values()]
+    sets.append(tuple(names))
+    unique = dict.fromkeys(s for s in sets if s)
+    return [LoopPlan(None, names=s) for s in unique]
+
+
 def _planned_scan(eqn: core.JaxprEqn, invals: Sequence[Any], plan: LoopPlan,
                   named: ClosedJaxpr | None) -> list[Any]:
     """The scan ``eqn`` under ``plan``; ``named``: its body flattened, to run with every value
@@ -146,6 +187,8 @@ def _planned_scan(eqn: core.JaxprEqn, invals: Sequence[Any], plan: LoopPlan,
         body = jax.checkpoint(body, policy=POLICIES[plan.policy])
     elif plan.saved is not None:
         body = jax.checkpoint(body, policy=jax.checkpoint_policies.save_only_these_names(*plan.saved))
+    elif plan.names is not None:
+        body = jax.checkpoint(body, policy=jax.checkpoint_policies.save_only_these_names(*plan.names))
     chunks = plan.chunks if 1 < plan.chunks < length and length % plan.chunks == 0 else 1
     if chunks == 1:
         carry, ys = lax.scan(body, carry, xs, length=length, reverse=reverse)

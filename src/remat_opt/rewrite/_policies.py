@@ -32,6 +32,23 @@ POLICIES: dict[str, Callable[..., bool]] = {
 }
 """JAX's built-in checkpoint policies compared here, by name."""
 
+_QKV = ("query_proj", "key_proj", "value_proj")
+
+NAME_RECIPES: dict[str, tuple[str, ...]] = {
+    "full": (),
+    "save_out_proj": ("out_proj",),
+    "save_qkv_proj": _QKV,
+    "save_dot_except_mlp": (*_QKV, "out_proj"),
+    "save_dot_except_mlpwi": (*_QKV, "out_proj", "mlpwo"),
+    "save_dot_with_context_except_mlp": (*_QKV, "context", "out_proj"),
+    "minimal": (*_QKV, "out_proj", "mlpwi", "mlpwo"),
+    "minimal_with_context": (*_QKV, "context", "out_proj", "mlpwi", "mlpwo"),
+}
+"""MaxText's remat recipes (``remat_policy``): recipe name -> the ``checkpoint_name``s its
+``save_only_these_names`` policy saves on a decoder layer (``full`` saves none). The planner
+measures them on a scan body carrying those names (:func:`remat_opt.rewrite._loops.recipe_candidates`);
+:mod:`remat_opt.baselines._maxtext` offers them as baselines."""
+
 
 def policy_by_name(policy: str) -> Callable[..., bool]:
     if not isinstance(policy, str) or policy not in POLICIES:
