@@ -24,6 +24,7 @@ or on ``optimize(..., in_shardings=...)``.
 from __future__ import annotations
 
 import sys
+import types
 from collections.abc import Sequence
 from typing import Any
 
@@ -41,7 +42,8 @@ def traced_layout(leaves: Sequence[Any]) -> list[jax.sharding.Sharding | None]:
     if all(s is not None or not isinstance(x, jax.core.Tracer) for s, x in zip(known, leaves)):
         return known
     given = _jit_shardings(leaves)
-    meshes = [s.mesh for s in (*known, *(given or ())) if isinstance(s, jax.sharding.NamedSharding)]
+    meshes = [s.mesh for s in (*known, *(given or ())) if isinstance(s, jax.sharding.NamedSharding)
+              and isinstance(s.mesh, jax.sharding.Mesh)]
     out = []
     for k, x in enumerate(leaves):
         sharding = known[k] or (given[k] if given else None)
@@ -67,7 +69,8 @@ def _jit_shardings(leaves: Sequence[Any]) -> list[jax.sharding.Sharding | None] 
     argument's; failing that for any leaf, by position, when the call's array arguments have the
     leaves' shapes and dtypes in the same order."""
     try:
-        frame, arg_tracers = sys._getframe(1), None
+        frame: types.FrameType | None = sys._getframe(1)
+        arg_tracers = None
         while frame is not None and not (frame.f_code.co_name == _JIT_FRAME
                                          and frame.f_globals.get("__name__", "").endswith("pjit")):
             if frame.f_code.co_name == "trace_to_jaxpr" and arg_tracers is None:
@@ -88,7 +91,7 @@ def _jit_shardings(leaves: Sequence[Any]) -> list[jax.sharding.Sharding | None] 
         position = {id(t): k for k, t in enumerate(arg_tracers)}
         found = [position.get(id(_innermost(x, position))) for x in leaves]
         if all(k is not None for k in found):
-            return [shardings[k] for k in found]
+            return [shardings[k] for k in found if k is not None]
     pairs = [(v, s) for v, s in zip(values, shardings) if hasattr(v, "shape") and hasattr(v, "dtype")]
     if [(tuple(v.shape), str(v.dtype)) for v, _ in pairs] != [(tuple(jax.numpy.shape(x)),
                                                               str(jax.numpy.result_type(x))) for x in leaves]:
