@@ -75,7 +75,8 @@ def optimize_and_check(
     plan = step.plan(*args, **kwargs)
     assert plan.plain_peak_bytes == plain
     assert plan.measured_peak_bytes <= budget < plain, str(plan)
-    assert plan.status in ("OPTIMAL", "FEASIBLE") and (plan.num_segments > 1 or plan.loop_plan), str(plan)
+    assert plan.status in ("OPTIMAL", "FEASIBLE") and (plan.num_segments > 1 or plan.loop_plan or plan.layer_plan), \
+        str(plan)
     # One compile of the returned step: its XLA peak is the plan's, and it runs.
     compiled = jax.jit(jax.value_and_grad(step, argnums=argnums)).lower(*args, **kwargs).compile()
     assert memory_of(compiled) == plan.measured_peak_bytes

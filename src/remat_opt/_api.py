@@ -123,8 +123,9 @@ def optimize(
         True
     """
     _check_callable(fn)
-    budget = device_memory() if budget_bytes == "device" else parse_bytes(budget_bytes, argument="budget_bytes")
-    if objective not in OBJECTIVES:
+    device = isinstance(budget_bytes, str) and budget_bytes == "device"
+    budget = device_memory() if device else parse_bytes(budget_bytes, argument="budget_bytes")
+    if not isinstance(objective, str) or objective not in OBJECTIVES:
         raise InvalidOptionError(f"objective must be one of {OBJECTIVES}; got {objective!r}.",
                                  argument="objective", value=objective)
     check_count("max_attempts", max_attempts, 1, " (the default is 4)")
