@@ -58,7 +58,7 @@ from .rewrite._loops import LoopPlan
 
 CACHE_DIR_ENV = "REMAT_OPT_CACHE_DIR"
 FORMAT = 1
-KINDS = ("plain", "schedule", "loop", "policy", "layers", "lowest", "refused")
+KINDS = ("plain", "schedule", "loop", "policy", "layers", "lowest", "refused", "front")
 """What an entry restores: the function as written, a schedule on the traced
 program, a loop plan on the program with its scans whole, or ``jax.checkpoint``
 around the whole function with a built-in policy; or, under the program's key

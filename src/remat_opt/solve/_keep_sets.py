@@ -1,0 +1,79 @@
+"""Keep-set schedules: a fenced segment per matmul, a chosen subset of the matmuls' outputs saved.
+
+The plans a careful user writes by hand for a stack of matmuls: each matmul
+(with what leads to it) in a fenced segment of its own, some of the matmuls'
+outputs kept, everything else recomputed in its segment's backward. Which
+outputs to keep is a knapsack (keep the matmuls that cost the most per byte,
+up to the budget), and of two outputs of equal size the cheaper one is the one
+to recompute. CP-SAT's planning model is conservative on heavily segmented
+plans, so it can pass over a keep-set that XLA fits; these candidates put every
+keep-set of a small program (and, on a larger one, the keep-sets that keep
+the matmuls costing most per byte) beside Chen's segmentations in the
+schedules the planner ranks and measures (:mod:`remat_opt.solve._outside`).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from .._schedule import Schedule
+from ..program._graph import ProgramGraph
+from ..program._names import parse_value_name
+from ._policy_saves import dot_names
+
+ALL_SUBSETS = 8
+"""Up to this many matmuls, every subset of their outputs is a candidate (2**8 = 256);
+above it, the subsets that keep the matmuls costing most FLOPs per byte, one more at a time."""
+
+
+def keep_set_schedules(graph: ProgramGraph) -> tuple[Schedule, ...]:
+    """Every per-matmul segmentation with every keep-set (:data:`ALL_SUBSETS`), distinct, in order."""
+    dots = _dots(graph)
+    if len(dots) < 2:
+        return ()
+    segmentations = per_matmul_cuts(graph, [p for p, _ in dots])
+    names = [v for _, v in dots]
+    if len(names) <= ALL_SUBSETS:
+        subsets = [frozenset(c) for r in range(len(names) + 1) for c in itertools.combinations(names, r)]
+    else:
+        ranked = sorted(names, key=lambda v: (-_dot_flops(graph, v) / max(1, graph.node_bytes[v]), v))
+        subsets = [frozenset(ranked[:r]) for r in range(len(ranked) + 1)]
+    found: dict[Schedule, None] = {}
+    for cuts in segmentations:
+        for saved in subsets:
+            found[Schedule(cuts=cuts, saved=saved)] = None
+    return tuple(found)
+
+
+def _dots(graph: ProgramGraph) -> list[tuple[int, int]]:
+    """``(position, name node)`` of every matmul output the planner can save, in program order."""
+    out = []
+    for v in dot_names(graph):
+        parsed = parse_value_name(graph.units[graph.node_unit[v]].name or "")
+        if parsed is not None:
+            out.append((parsed[0], v))
+    return sorted(out)
+
+
+def _dot_flops(graph: ProgramGraph, name_node: int) -> int:
+    """FLOPs of the matmul whose output ``name_node`` names."""
+    unit = graph.units[graph.node_unit[name_node]]
+    return sum(graph.units[graph.node_unit[v]].flops for v in unit.inputs)
+
+
+def per_matmul_cuts(graph: ProgramGraph, positions: list[int]) -> tuple[frozenset[int], ...]:
+    """Segmentations with a segment per matmul: between consecutive matmuls, and after the
+    last (the rest runs as written), one cut each, taken four ways: right after the matmul,
+    after the equation that follows it (a layer's activation), and the first and the last
+    position where the fewest bytes cross."""
+    n = graph.num_positions
+    ways: list[set[int]] = [set(), set(), set(), set()]
+    for lo, hi in [*zip(positions, positions[1:]), (positions[-1], n - 1)]:
+        span = range(lo + 1, hi + 1)
+        if not span:
+            continue
+        least = min(graph.crossing_bytes(c) for c in span)
+        ties = [c for c in span if graph.crossing_bytes(c) == least]
+        for way, cut in zip(ways, (lo + 1, min(lo + 2, hi), ties[0], ties[-1])):
+            way.add(cut)
+    return tuple(dict.fromkeys(frozenset(s) for s in ways if s))
