@@ -22,8 +22,12 @@ from ..program._names import parse_value_name
 from ._policy_saves import dot_names
 
 ALL_SUBSETS = 8
-"""Up to this many matmuls, every subset of their outputs is a candidate (2**8 = 256);
-above it, the subsets that keep the matmuls costing most FLOPs per byte, one more at a time."""
+"""Up to this many matmuls, every subset of their outputs is a candidate (2**8 = 256) on
+every per-matmul segmentation; above it, on one segmentation (the fewest bytes crossing,
+late), the subsets that keep the matmuls costing most FLOPs per byte, in :data:`LARGE_SIZES`
+steps from none to all: the planner simulates every candidate, which on a large program
+costs planning time (docs/measurements.md, "Keep-set plans")."""
+LARGE_SIZES = 4
 
 
 def keep_set_schedules(graph: ProgramGraph) -> tuple[Schedule, ...]:
@@ -37,7 +41,9 @@ def keep_set_schedules(graph: ProgramGraph) -> tuple[Schedule, ...]:
         subsets = [frozenset(c) for r in range(len(names) + 1) for c in itertools.combinations(names, r)]
     else:
         ranked = sorted(names, key=lambda v: (-_dot_flops(graph, v) / max(1, graph.node_bytes[v]), v))
-        subsets = [frozenset(ranked[:r]) for r in range(len(ranked) + 1)]
+        sizes = sorted({round(i * len(ranked) / LARGE_SIZES) for i in range(LARGE_SIZES + 1)})
+        subsets = [frozenset(ranked[:r]) for r in sizes]
+        segmentations = segmentations[-1:]
     found: dict[Schedule, None] = {}
     for cuts in segmentations:
         for saved in subsets:
