@@ -110,3 +110,8 @@ def test_front_answers_every_budget_it_covers(tmp_path):
     _front._fronts.clear()  # a later process: read back from the plan cache
     assert [(p.peak, p.flops, p.schedule) for p in _front.front("k", tmp_path)] == [(100, 50, a), (120, 10, b)]
     assert _front.front("k", None) == _front.front("k", tmp_path)
+    assert not list(tmp_path.glob("*.json"))  # no plan entry: `cache list` shows plans only
+    from remat_opt._cache import clear
+    clear(tmp_path)
+    _front._fronts.clear()
+    assert _front.front("k", tmp_path) == ()

@@ -406,10 +406,12 @@ def list_entries(directory: Path) -> list[dict[str, Any]]:
 
 
 def clear(directory: Path) -> int:
-    """Deletes every entry (and leftover temporary file) in ``directory``;
+    """Deletes every entry (and leftover temporary file, and the programs' fronts) in ``directory``;
     returns how many entries there were."""
     entries = _entry_files(directory)
-    for path in [*entries, *(directory.glob(".tmp-*.json") if directory.is_dir() else ())]:
+    fronts = directory / "fronts"  # remat_opt._front.FOLDER: each program's measured front
+    for path in [*entries, *(directory.glob(".tmp-*.json") if directory.is_dir() else ()),
+                 *(fronts.glob("*.json") if fronts.is_dir() else ())]:
         path.unlink(missing_ok=True)
     return len(entries)
 

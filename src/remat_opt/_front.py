@@ -10,7 +10,7 @@ program's front: its peak as XLA measured it and its recomputed FLOPs as a
 plan counts them (on the traced gradient). A later search of the program is
 answered by the front where it holds a cheaper point that fits
 (:func:`cheapest`), so in one process, and across processes with the plan
-cache on (an entry of kind ``front``), a larger budget never costs more
+cache on (an entry of kind ``front`` in its :data:`FOLDER`), a larger budget never costs more
 recompute than a smaller one did.
 """
 
@@ -46,8 +46,13 @@ def pareto(points: list[Point] | tuple[Point, ...]) -> tuple[Point, ...]:
     return tuple(out)
 
 
-def _key(key: str) -> str:
-    return f"{key}-front"
+FOLDER = "fronts"
+"""The fronts' sub-folder of the plan cache: they are no plans (``cache list`` shows none);
+``cache clear`` removes them with the plans."""
+
+
+def _folder(directory: Path) -> Path:
+    return directory / FOLDER
 
 
 def front(key: str, directory: Path | None) -> tuple[Point, ...]:
@@ -55,7 +60,7 @@ def front(key: str, directory: Path | None) -> tuple[Point, ...]:
     cache's in ``directory`` the first time it is asked for)."""
     if key not in _fronts:
         _fronts[key] = ()
-        entry = read_entry(directory, _key(key)) if directory is not None else None
+        entry = read_entry(_folder(directory), key) if directory is not None else None
         if entry is not None and entry["kind"] == "front":
             _fronts[key] = pareto([Point(int(p["peak"]), int(p["flops"]), Schedule.from_json(json.dumps(p["schedule"])))
                                    for p in entry["front"]])
@@ -72,7 +77,7 @@ def add(key: str, peak: int, flops: int, schedule: Schedule, directory: Path | N
     _fronts[key] = after
     if directory is None or after == before:
         return
-    write_entry(directory, _key(key), {
+    write_entry(_folder(directory), key, {
         "versions": versions(), "kind": "front", "function": function,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "plan": {"measured_peak_bytes": after[0].peak}, "schedule": json.loads(after[0].schedule.to_json()),
