@@ -67,16 +67,22 @@ class KnownProgram:
     x_width: int = 4 * UNIT
     batch: int = BATCH
     name: str = ""
+    interleaved: bool = False  # each unread activation's loss term right after it, not at the end
 
     def __call__(self, params: list, x: jax.Array) -> jax.Array:
         acts: list[jax.Array] = []
+        read = {j for d in self.dots for j in d.inputs}
+        total = jnp.zeros((), jnp.float32)
         for i, dot in enumerate(self.dots):
             fitted = [_fit(x if j < 0 else acts[j], dot.k) for j in dot.inputs]
             a = fitted[0]
             for f in fitted[1:]:
                 a = a + f
             acts.append(jnp.sin(a @ params[i]))
-        read = {j for d in self.dots for j in d.inputs}
+            if self.interleaved and i not in read:
+                total = total + jnp.mean(acts[i] ** 2)
+        if self.interleaved:  # squared: a sum's cotangent is the constant 1, which a fence cannot wait on
+            return total * total
         return sum(jnp.mean(acts[i] ** 2) for i in range(len(self.dots)) if i not in read)
 
     def args(self) -> tuple[list, jax.Array]:
@@ -124,6 +130,22 @@ def draw(seed: int) -> KnownProgram:
     return KnownProgram(tuple(dots), name=f"{'dag' if dag else 'chain'}{seed}")
 
 
+def draw_branches(seed: int) -> KnownProgram:
+    """The parallel-branches program of ``seed``: 2 to 8 matmuls that each read ``x`` (8 units)
+    fitted to their own input width, each branch's loss term right after it, so that
+    nothing wide crosses from one branch to the next: keeping a branch's output is a
+    knapsack item (its bytes, its matmul's FLOPs)."""
+    rng = random.Random(seed)
+    n = rng.choice((2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 8))
+    dots = tuple(Dot((-1,), rng.randint(1, 8) * UNIT, rng.randint(1, 8) * UNIT) for _ in range(n))
+    return KnownProgram(dots, x_width=8 * UNIT, name=f"branches{seed}", interleaved=True)
+
+
+FAMILIES = {"mixed": draw, "branches": draw_branches}
+"""The generated families: chains and DAGs (:func:`draw`), parallel branches (:func:`draw_branches`,
+added after the planner's rules: never tuned on)."""
+
+
 # --- The hand-written plans ---------------------------------------------------------------
 
 class KeepSet(NamedTuple):
@@ -142,11 +164,23 @@ def graph_of(program: KnownProgram) -> Any:
 
 
 def keep_set_schedule(graph: Any, kept: tuple[int, ...]) -> remat_opt.Schedule:
-    """The fenced keep-set plan: a segment per matmul (from the end of the previous ``sin``
-    to the end of its own), the loss head as written, saving the ``kept`` matmuls' outputs by name."""
+    """The fenced keep-set plan: a segment per matmul (from the end of the previous block to
+    the end of its own: its ``sin``, or with ``interleaved`` the loss term added after it),
+    the rest of the loss as written, saving the ``kept`` matmuls' outputs by name."""
     dots = sorted(dot_names(graph), key=lambda v: graph.node_unit[v])
     eqns = graph.traced.jaxpr.jaxpr.eqns
-    ends = [p + 1 for p, e in enumerate(eqns) if e.primitive.name == "sin"]
+    ends = []
+    for p, e in enumerate(eqns):
+        if e.primitive.name != "sin":
+            continue
+        end = p + 1
+        for q in range(p + 1, len(eqns)):  # an interleaved loss term: up to its scalar add
+            if eqns[q].primitive.name in ("dot_general", "sin"):
+                break
+            if eqns[q].primitive.name == "add" and eqns[q].outvars[0].aval.shape == ():
+                end = q + 1
+                break
+        ends.append(end)
     return remat_opt.Schedule(cuts=frozenset(ends), saved=frozenset(dots[i] for i in kept))
 
 

@@ -56,6 +56,7 @@ from .program._graph import ProgramGraph, build_graph
 from .program._manual import planned_body
 from .program._trace import TracedProgram, grad_argnums, normalize_argnums, trace
 from .rewrite._apply import apply_schedule
+from .solve._keep_sets import measured_keep_set
 from .solve._outside import outside_tiers
 from .solve._solve import SolverClock, SolverOptions
 
@@ -251,7 +252,10 @@ class OptimizedFunction:
         # then a whole-function policy (measured only when it recomputes less).
         choices = [p for p in (planned, other, best_loop) if p is not None]
         best = min(choices, key=lambda p: measured_flops_of(p[0]), default=None)
-        # A schedule an earlier search of this program measured within this budget, if cheaper.
+        # A keep-set found on XLA's figures (solve._keep_sets), and a schedule an earlier
+        # search of this program measured within this budget (remat_opt._front), if cheaper.
+        best = self._keep_set_plan(graph, budget, best, measure, args, kwargs, nums, baseline_flops,
+                                   plain_peak) or best
         best = self._from_front(lowest_key, graph, budget, best, measure, args, kwargs, nums, baseline_flops,
                                 plain_peak) or best
         ceiling = None if best is None else measured_flops_of(best[0])
@@ -382,6 +386,22 @@ class OptimizedFunction:
             return None
         return self._finish(graph, simulate(graph, schedule), schedule, measured, plain_peak, program, args, kwargs,
                             nums, baseline_flops, "FEASIBLE", 1.0, 0.0, 1)
+
+    def _keep_set_plan(self, graph: ProgramGraph, budget: int, best: tuple[Plan, Callable[..., Any]] | None,
+                       measure: Callable[[Callable[..., Any]], int], args: tuple, kwargs: dict, nums: Any,
+                       baseline_flops: int, plain_peak: int) -> tuple[Plan, Callable[..., Any]] | None:
+        """The keep-set XLA fits in ``budget`` (:func:`remat_opt.solve._keep_sets.measured_keep_set`),
+        as a plan, if it recomputes less than ``best``; else ``None``."""
+        program_of = functools.cache(lambda schedule: self._program(graph, schedule))
+        found = measured_keep_set(graph, budget, lambda schedule: measure(program_of(schedule)))
+        if found is None:
+            return None
+        schedule, measured = found
+        plan = self._finish(graph, simulate(graph, schedule), schedule, measured, plain_peak, program_of(schedule),
+                            args, kwargs, nums, baseline_flops, "FEASIBLE", 1.0, 0.0, 1)
+        logger.info("keep-set measured on XLA: %s, %s FLOPs recomputed", format_bytes(measured),
+                    f"{measured_flops_of(plan[0]):,}")
+        return plan if best is None or measured_flops_of(plan[0]) < measured_flops_of(best[0]) else None
 
     def _from_front(self, key: str, graph: ProgramGraph, budget: int, best: tuple[Plan, Callable[..., Any]] | None,
                     measure: Callable[[Callable[..., Any]], int], args: tuple, kwargs: dict, nums: Any,
