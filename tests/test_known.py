@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 import remat_opt
-from known_programs import (KeepSet, answers, best_fitting, chain, draw, enumerate_keep_sets, graph_of,
+from known_programs import (Dot, KeepSet, KnownProgram, answers, best_fitting, chain, draw, enumerate_keep_sets, graph_of,
                             keep_set_schedule, monotone, pareto_budgets)
 from remat_opt import _front
 from remat_opt.memory._measure import gradient_flops
@@ -79,6 +79,15 @@ def test_of_two_equal_outputs_the_cheaper_is_recomputed():
     program = chain((4,) * 6, ks=(4, 4, 4, 2, 4, 4), name="cheaper")
     expensive, cheap = measured(program, [(2,), (3,)])
     assert expensive.flops < cheap.flops  # keeping the expensive one recomputes less
+    check(program, [expensive])
+
+
+def test_parallel_branches_keep_the_costliest_output_that_fits():
+    # Three branches of x: two write 4 units, reading 8 and 2; one writes 2, reading 8.
+    program = KnownProgram((Dot((-1,), 64, 32), Dot((-1,), 16, 32), Dot((-1,), 64, 16)), x_width=64,
+                           name="branches", interleaved=True)
+    expensive, cheap = measured(program, [(0,), (1,)])
+    assert expensive.flops < cheap.flops
     check(program, [expensive])
 
 
