@@ -117,7 +117,7 @@ def summarize(paths: list[Path]) -> None:
     rows = [r for p in paths for r in csv.DictReader(line for line in p.open() if not line.startswith("#"))]
     print(f"all: {summary(rows)}")
     for family in ("chain", "dag", "branches"):
-        print(f"{family}s: {summary([r for r in rows if r['program'].startswith(f'KnownProgram({family}')])}")
+        print(f"{family}: {summary([r for r in rows if r['program'].startswith(f'KnownProgram({family}')])}")
 
 
 if __name__ == "__main__":
