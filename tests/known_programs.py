@@ -163,7 +163,7 @@ def graph_of(program: KnownProgram) -> Any:
     return model_graph(trace(program, (params, x), {}, (0,)))
 
 
-def keep_set_schedule(graph: Any, kept: tuple[int, ...]) -> remat_opt.Schedule:
+def keep_set_schedule(graph: Any, kept: tuple[int, ...], interleaved: bool = False) -> remat_opt.Schedule:
     """The fenced keep-set plan: a segment per matmul (from the end of the previous block to
     the end of its own: its ``sin``, or with ``interleaved`` the loss term added after it),
     the rest of the loss as written, saving the ``kept`` matmuls' outputs by name."""
@@ -174,7 +174,7 @@ def keep_set_schedule(graph: Any, kept: tuple[int, ...]) -> remat_opt.Schedule:
         if e.primitive.name != "sin":
             continue
         end = p + 1
-        for q in range(p + 1, len(eqns)):  # an interleaved loss term: up to its scalar add
+        for q in range(p + 1, len(eqns) if interleaved else 0):  # the loss term: up to its scalar add
             if eqns[q].primitive.name in ("dot_general", "sin"):
                 break
             if eqns[q].primitive.name == "add" and eqns[q].outvars[0].aval.shape == ():
@@ -202,14 +202,16 @@ def enumerate_keep_sets(program: KnownProgram, grads: bool = False) -> list[Keep
     n = len(program.dots)
     for r in range(n + 1):
         for kept in itertools.combinations(range(n), r):
-            fn = apply_schedule(program, graph, keep_set_schedule(graph, kept))
+            fn = apply_schedule(program, graph, keep_set_schedule(graph, kept, program.interleaved))
             peak = remat_opt.peak_bytes(fn, params, x)
             flops = gradient_flops(fn, (params, x), {}, 0) - base
             out.append(KeepSet(kept, peak, flops, grad_error(fn, program) if grads else float("nan")))
     if not grads:
         front = set(pareto_budgets(out, 1 << 62))
-        out = [k._replace(grad_error=grad_error(apply_schedule(program, graph, keep_set_schedule(graph, k.kept)),
-                                                 program)) if k.peak in front else k for k in out]
+        def error(k: KeepSet) -> float:
+            return grad_error(apply_schedule(program, graph, keep_set_schedule(graph, k.kept, program.interleaved)),
+                              program)
+        out = [k._replace(grad_error=error(k)) if k.peak in front else k for k in out]
     return out
 
 

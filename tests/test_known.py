@@ -13,8 +13,8 @@ from __future__ import annotations
 import pytest
 
 import remat_opt
-from known_programs import (Dot, KeepSet, KnownProgram, answers, best_fitting, chain, draw, enumerate_keep_sets, graph_of,
-                            keep_set_schedule, monotone, pareto_budgets)
+from known_programs import (Dot, KeepSet, KnownProgram, answers, best_fitting, chain, draw, enumerate_keep_sets,
+                            graph_of, keep_set_schedule, monotone, pareto_budgets)
 from remat_opt import _front
 from remat_opt.memory._measure import gradient_flops
 from remat_opt.rewrite._apply import apply_schedule
@@ -28,7 +28,7 @@ def measured(program, kept_sets) -> list[KeepSet]:
     base = gradient_flops(program, (params, x), {}, 0)
     out = []
     for kept in kept_sets:
-        fn = apply_schedule(program, graph, keep_set_schedule(graph, kept))
+        fn = apply_schedule(program, graph, keep_set_schedule(graph, kept, program.interleaved))
         out.append(KeepSet(kept, remat_opt.peak_bytes(fn, params, x),
                            gradient_flops(fn, (params, x), {}, 0) - base, 0.0))
     return out
