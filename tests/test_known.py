@@ -124,3 +124,18 @@ def test_front_answers_every_budget_it_covers(tmp_path):
     clear(tmp_path)
     _front._fronts.clear()
     assert _front.front("k", tmp_path) == ()
+
+
+def test_the_sweep_reads_its_committed_results():
+    """experiments/known.py's figures, read back from the CSVs it wrote (no compile)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    csvs = sorted((root / "experiments" / "results").glob("known_*.csv"))
+    assert csvs
+    run = subprocess.run([sys.executable, str(root / "experiments" / "known.py"), "--summary", *map(str, csvs)],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.startswith("all: ") and "largest gradient error 0," in run.stdout
