@@ -138,4 +138,7 @@ def test_the_sweep_reads_its_committed_results():
     run = subprocess.run([sys.executable, str(root / "experiments" / "known.py"), "--summary", *map(str, csvs)],
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
-    assert run.stdout.startswith("all: ") and "largest gradient error 0," in run.stdout
+    import re
+
+    assert run.stdout.startswith("all: ")
+    assert all(float(e) < 1e-4 for e in re.findall(r"largest gradient error ([0-9.e+-]+),", run.stdout))
