@@ -58,7 +58,7 @@ from .rewrite._loops import LoopPlan
 
 CACHE_DIR_ENV = "REMAT_OPT_CACHE_DIR"
 FORMAT = 1
-KINDS = ("plain", "schedule", "loop", "policy", "layers", "lowest", "refused")
+KINDS = ("plain", "schedule", "loop", "policy", "layers", "lowest", "refused", "front")
 """What an entry restores: the function as written, a schedule on the traced
 program, a loop plan on the program with its scans whole, or ``jax.checkpoint``
 around the whole function with a built-in policy; or, under the program's key
@@ -406,10 +406,12 @@ def list_entries(directory: Path) -> list[dict[str, Any]]:
 
 
 def clear(directory: Path) -> int:
-    """Deletes every entry (and leftover temporary file) in ``directory``;
+    """Deletes every entry (and leftover temporary file, and the programs' fronts) in ``directory``;
     returns how many entries there were."""
     entries = _entry_files(directory)
-    for path in [*entries, *(directory.glob(".tmp-*.json") if directory.is_dir() else ())]:
+    fronts = directory / "fronts"  # remat_opt._front.FOLDER: each program's measured front
+    for path in [*entries, *(directory.glob(".tmp-*.json") if directory.is_dir() else ()),
+                 *(fronts.glob("*.json") if fronts.is_dir() else ())]:
         path.unlink(missing_ok=True)
     return len(entries)
 

@@ -29,6 +29,7 @@ from ._cache import (cache_directory, derivative_text, layout_of, names_cost_mod
                      qualified_name)
 from ._counted import counted_flops
 from ._errors import InfeasibleBudgetError
+from . import _front
 from ._floor import floor_refusal
 from ._forward import forward_mode
 from ._inputs import check_call
@@ -55,6 +56,7 @@ from .program._graph import ProgramGraph, build_graph
 from .program._manual import planned_body
 from .program._trace import TracedProgram, grad_argnums, normalize_argnums, trace
 from .rewrite._apply import apply_schedule
+from .solve._keep_sets import measured_keep_set
 from .solve._outside import outside_tiers
 from .solve._solve import SolverClock, SolverOptions
 
@@ -106,6 +108,7 @@ class OptimizedFunction:
         self.in_shardings = in_shardings
         self.objective = objective
         self._cache: dict[Signature, tuple[Plan, Callable[..., Any]]] = {}
+        self._front_key: str | None = None  # the program's key at any budget, while it is planned (remat_opt._front)
         functools.update_wrapper(self, fn)
 
     FALLBACK_CANDIDATES = 4
@@ -185,6 +188,7 @@ class OptimizedFunction:
         # The program's key at any budget: what an earlier search of it measured lowest (remat_opt._lowest).
         lowest_key = plan_key(whole, None, options_of(self, argnums), layout_of(args, kwargs, self.interconnect),
                               derivative_text(whole, self.fn, args, kwargs, nums, self.has_aux))
+        self._front_key = lowest_key  # every schedule measured joins the program's front (remat_opt._front)
 
         def search(measure: Callable[[Callable[..., Any]], int]) -> tuple[Plan, Callable[..., Any]]:
             return self._search(traced, whole, graph, args, kwargs, argnums, nums, measure, compiled, lowest_key)
@@ -248,6 +252,12 @@ class OptimizedFunction:
         # then a whole-function policy (measured only when it recomputes less).
         choices = [p for p in (planned, other, best_loop) if p is not None]
         best = min(choices, key=lambda p: measured_flops_of(p[0]), default=None)
+        # A keep-set found on XLA's figures (solve._keep_sets), and a schedule an earlier
+        # search of this program measured within this budget (remat_opt._front), if cheaper.
+        best = self._keep_set_plan(graph, budget, best, measure, args, kwargs, nums, baseline_flops,
+                                   plain_peak) or best
+        best = self._from_front(lowest_key, graph, budget, best, measure, args, kwargs, nums, baseline_flops,
+                                plain_peak) or best
         ceiling = None if best is None else measured_flops_of(best[0])
         # The per-layer policies a user writes (remat_opt._layer_policies): only one that recomputes less.
         best = self._layer_policy_plan(whole, whole_graph, args, kwargs, nums, measure, ceiling, baseline_flops,
@@ -377,6 +387,38 @@ class OptimizedFunction:
         return self._finish(graph, simulate(graph, schedule), schedule, measured, plain_peak, program, args, kwargs,
                             nums, baseline_flops, "FEASIBLE", 1.0, 0.0, 1)
 
+    def _keep_set_plan(self, graph: ProgramGraph, budget: int, best: tuple[Plan, Callable[..., Any]] | None,
+                       measure: Callable[[Callable[..., Any]], int], args: tuple, kwargs: dict, nums: Any,
+                       baseline_flops: int, plain_peak: int) -> tuple[Plan, Callable[..., Any]] | None:
+        """The keep-set XLA fits in ``budget`` (:func:`remat_opt.solve._keep_sets.measured_keep_set`),
+        as a plan, if it recomputes less than ``best``; else ``None``."""
+        program_of = functools.cache(lambda schedule: self._program(graph, schedule))
+        found = measured_keep_set(graph, budget, lambda schedule: measure(program_of(schedule)))
+        if found is None:
+            return None
+        schedule, measured = found
+        plan = self._finish(graph, simulate(graph, schedule), schedule, measured, plain_peak, program_of(schedule),
+                            args, kwargs, nums, baseline_flops, "FEASIBLE", 1.0, 0.0, 1)
+        logger.info("keep-set measured on XLA: %s, %s FLOPs recomputed", format_bytes(measured),
+                    f"{measured_flops_of(plan[0]):,}")
+        return plan if best is None or measured_flops_of(plan[0]) < measured_flops_of(best[0]) else None
+
+    def _from_front(self, key: str, graph: ProgramGraph, budget: int, best: tuple[Plan, Callable[..., Any]] | None,
+                    measure: Callable[[Callable[..., Any]], int], args: tuple, kwargs: dict, nums: Any,
+                    baseline_flops: int, plain_peak: int) -> tuple[Plan, Callable[..., Any]] | None:
+        """The plan of the program's front (:mod:`remat_opt._front`) that fits ``budget`` with
+        fewer recomputed FLOPs than ``best``, if XLA confirms it; else ``None``."""
+        point = _front.cheapest(key, budget, cache_directory(self.cache))
+        if point is None or (best is not None and point.flops >= measured_flops_of(best[0])):
+            return None
+        program = self._program(graph, point.schedule)
+        measured = measure(program)  # compiled before in this process: its figures are kept
+        logger.info("the front's schedule for this budget: measured %s", format_bytes(measured))
+        if measured > budget:
+            return None
+        return self._finish(graph, simulate(graph, point.schedule), point.schedule, measured, plain_peak, program,
+                            args, kwargs, nums, baseline_flops, "FEASIBLE", 1.0, 0.0, 1)
+
     RETRY_MARGIN = 100
     """A re-solve's target is under the last one by the overshoot plus 1/RETRY_MARGIN of the budget."""
 
@@ -492,6 +534,9 @@ class OptimizedFunction:
     def _plan(self, graph: ProgramGraph, sim: Simulation, schedule: Schedule, measured: int,
               plain_peak: int, measured_flops: int | None, baseline_flops: int, status: str,
               gap: float, solve_seconds: float, attempts: int) -> Plan:
+        if self._front_key is not None and measured_flops is not None and not schedule.plain:
+            _front.add(self._front_key, measured, measured_flops, schedule, cache_directory(self.cache),
+                       qualified_name(self.fn))
         return Plan(
             graph=annotate(graph, sim),
             budget_bytes=self.budget_bytes,

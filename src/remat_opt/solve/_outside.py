@@ -19,6 +19,7 @@ from ..memory._simulate import simulate
 from ..program._graph import ProgramGraph
 from ._baseline_picks import baseline_picks
 from ._chen import chen_schedules
+from ._keep_sets import keep_set_schedules
 from ._nesting import nested_candidates
 from ._policy_saves import policy_schedules
 
@@ -58,7 +59,8 @@ def outside_tiers(graph: ProgramGraph, budget: int, ceiling_flops: int | None, s
     chen = chen_schedules(graph)
     # What the Chen and Revolve baselines measure: worked out only where a tier takes them.
     picks = functools.cache(lambda: baseline_picks(graph))
-    schedules = {s: None for s in (*nested_candidates(graph), *chen, *policy_schedules(graph, chen))}
+    schedules = {s: None for s in (*nested_candidates(graph), *chen, *policy_schedules(graph, chen),
+                                    *keep_set_schedules(graph))}
     sims, behaviours = [], set()
     for s in schedules:  # one of each behaviour: the first (fewest names) of those the model runs alike
         sim = simulate(graph, s)

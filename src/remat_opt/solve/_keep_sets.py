@@ -1,0 +1,156 @@
+"""Keep-set schedules: a fenced segment per matmul, a chosen subset of the matmuls' outputs saved.
+
+The plans a careful user writes by hand for a stack of matmuls: each matmul
+(with what leads to it) in a fenced segment of its own, some of the matmuls'
+outputs kept, everything else recomputed in its segment's backward. Which
+outputs to keep is a knapsack (keep the matmuls that cost the most per byte,
+up to the budget), and of two outputs of equal size the cheaper one is the one
+to recompute. CP-SAT's planning model is conservative on heavily segmented
+plans, so it can pass over a keep-set that XLA fits; these candidates put every
+keep-set of a small program (and, on a larger one, the keep-sets that keep
+the matmuls costing most per byte) beside Chen's segmentations in the
+schedules the planner ranks and measures (:mod:`remat_opt.solve._outside`).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+
+from .._schedule import Schedule
+from ..program._graph import ProgramGraph
+from ..program._names import parse_value_name
+from ._policy_saves import dot_names
+
+ALL_SUBSETS = 8
+"""Up to this many matmuls, every subset of their outputs is a candidate (2**8 = 256) on
+every per-matmul segmentation; above it, on one segmentation (the fewest bytes crossing,
+late), the subsets that keep the matmuls costing most FLOPs per byte, in :data:`LARGE_SIZES`
+steps from none to all: the planner simulates every candidate, which on a large program
+costs planning time (docs/measurements.md, "Keep-set plans")."""
+LARGE_SIZES = 4
+
+
+def keep_set_schedules(graph: ProgramGraph) -> tuple[Schedule, ...]:
+    """Every per-matmul segmentation with every keep-set (:data:`ALL_SUBSETS`), distinct, in order."""
+    dots = _dots(graph)
+    if len(dots) < 2:
+        return ()
+    segmentations = per_matmul_cuts(graph, [p for p, _ in dots])
+    names = [v for _, v in dots]
+    if len(names) <= ALL_SUBSETS:
+        subsets = [frozenset(c) for r in range(len(names) + 1) for c in itertools.combinations(names, r)]
+    else:
+        ranked = sorted(names, key=lambda v: (-_dot_flops(graph, v) / max(1, graph.node_bytes[v]), v))
+        sizes = sorted({round(i * len(ranked) / LARGE_SIZES) for i in range(LARGE_SIZES + 1)})
+        subsets = [frozenset(ranked[:r]) for r in sizes]
+        segmentations = segmentations[-1:]
+    found: dict[Schedule, None] = {}
+    for cuts in segmentations:
+        for saved in subsets:
+            found[Schedule(cuts=cuts, saved=saved)] = None
+    return tuple(found)
+
+
+def _dots(graph: ProgramGraph) -> list[tuple[int, int]]:
+    """``(position, name node)`` of every matmul output the planner can save, in program order."""
+    out = []
+    for v in dot_names(graph):
+        parsed = parse_value_name(graph.units[graph.node_unit[v]].name or "")
+        if parsed is not None:
+            out.append((parsed[0], v))
+    return sorted(out)
+
+
+def _dot_flops(graph: ProgramGraph, name_node: int) -> int:
+    """FLOPs of the matmul whose output ``name_node`` names."""
+    unit = graph.units[graph.node_unit[name_node]]
+    return sum(graph.units[graph.node_unit[v]].flops for v in unit.inputs)
+
+
+def per_matmul_cuts(graph: ProgramGraph, positions: list[int]) -> tuple[frozenset[int], ...]:
+    """Segmentations with a segment per matmul: between consecutive matmuls, and after the
+    last (the rest runs as written), one cut each, taken four ways: right after the matmul,
+    after the equation that follows it (a layer's activation), and the first and the last
+    position where the fewest bytes cross."""
+    n = graph.num_positions
+    ways: list[set[int]] = [set(), set(), set(), set()]
+    for lo, hi in [*zip(positions, positions[1:]), (positions[-1], n - 1)]:
+        span = range(lo + 1, hi + 1)
+        if not span:
+            continue
+        least = min(graph.crossing_bytes(c) for c in span)
+        ties = [c for c in span if graph.crossing_bytes(c) == least]
+        for way, cut in zip(ways, (lo + 1, min(lo + 2, hi), ties[0], ties[-1])):
+            way.add(cut)
+    return tuple(dict.fromkeys(frozenset(s) for s in ways if s))
+
+
+def measured_keep_set(graph: ProgramGraph, budget: int, measure: Callable[[Schedule], int]
+                      ) -> tuple[Schedule, int] | None:
+    """A keep-set XLA fits in ``budget``, found by measuring, with its peak; ``None`` if none
+    is (or the program has more than :data:`ALL_SUBSETS` matmuls, or fewer than two).
+
+    Where the model misjudges a structure (parallel branches: it put keep-sets up to 27%
+    under XLA), ranking by its peak measures the wrong ones. Measured instead: each
+    per-matmul segmentation keeping nothing; on the lowest that fits, a greedy knapsack on
+    XLA's figures (the outputs of the most FLOPs per byte first, each kept if XLA still
+    fits); then, since XLA's peak is not monotone in the kept set (packing), up to
+    :data:`SECOND_LOOK` keep-sets the model puts cheaper, on any segmentation that fits
+    keeping nothing, the cheapest first, unless its peak, corrected by the model's least
+    error on the keep-sets measured, is over by more than :data:`SECOND_LOOK_SLACK`.
+    At most ``4 + ALL_SUBSETS + SECOND_LOOK`` compiles.
+    """
+    dots = _dots(graph)
+    if not 2 <= len(dots) <= ALL_SUBSETS:
+        return None
+    from ..memory._simulate import simulate  # the model, read only here
+
+    bare = [(measure(Schedule(cuts=cuts)), sorted(cuts), cuts) for cuts in per_matmul_cuts(graph, [p for p, _ in dots])]
+    fitting = sorted(b for b in bare if b[0] <= budget)
+    if not fitting:
+        return None
+    errors = {cuts: [peak - simulate(graph, Schedule(cuts=cuts)).peak_bytes] for peak, _, cuts in fitting}
+    peak, _, cuts = fitting[0]
+    best = (Schedule(cuts=cuts), peak)
+    items = sorted((v for _, v in dots), key=lambda v: (-_dot_flops(graph, v) / max(1, graph.node_bytes[v]),
+                                                          -graph.node_bytes[v], v))
+    measured = {Schedule(cuts=c) for _, _, c in bare}
+    for v in items:
+        trial = Schedule(cuts=cuts, saved=best[0].saved | {v})
+        peak = measure(trial)
+        measured.add(trial)
+        errors[cuts].append(peak - simulate(graph, trial).peak_bytes)
+        if peak <= budget:
+            best = (trial, peak)
+    # The second look: on every segmentation that fits keeping nothing.
+    names = [v for _, v in dots]
+    ranked = []
+    for cuts in errors:
+        for r in range(len(names) + 1):
+            for kept in itertools.combinations(names, r):
+                s = Schedule(cuts=cuts, saved=frozenset(kept))
+                if s not in measured:
+                    sim = simulate(graph, s)
+                    ranked.append((sim.recompute_flops, len(kept), sorted(cuts), sorted(kept), sim.peak_bytes, s))
+    least = min(e for es in errors.values() for e in es)  # the model's most generous error here
+    ceiling = simulate(graph, best[0]).recompute_flops
+    looks = SECOND_LOOK
+    for flops, *_, predicted, s in sorted(ranked, key=lambda r: r[:4]):
+        if looks == 0 or flops >= ceiling:
+            break
+        if predicted + least > budget * (1 + SECOND_LOOK_SLACK):
+            continue
+        looks -= 1
+        peak = measure(s)
+        if peak <= budget:
+            return s, peak
+    return best
+
+
+SECOND_LOOK = 4
+"""Keep-sets the model puts cheaper than the greedy knapsack's, measured at most."""
+
+SECOND_LOOK_SLACK = 0.05
+"""How far over the budget a second look's corrected prediction may be: XLA's peak differs
+from keep-set to keep-set by more than the model's error on the ones measured."""
