@@ -20,7 +20,7 @@ accelerator, whose float32 matrix products run at bf16 passes by default).
 
 Usage:
     python experiments/step_time.py [--programs gpt6,gpt12,resnet,gpt_scan] [--fractions 0.5,0.3]
-                                    [--repeats 10] [--budgets device] [--objective auto] [--out DIR] [--log]
+                                    [--repeats 10] [--budgets device] [--objective auto] [--out DIR] [--log] [--quick]
 
 Writes ``<out>/step_time_<platform>.csv`` after each program, stamped with the
 jax version, machine and device.
@@ -171,14 +171,14 @@ def plan_row(name: str, loss: Callable, args: tuple, budget: int, budget_name: s
 
 
 def run(name: str, fractions: tuple[float, ...], repeats: int, tolerance: tuple[float, float],
-        extra_budgets: tuple[str, ...] = (), objective: str = "auto") -> Iterator[dict]:
+        extra_budgets: tuple[str, ...] = (), objective: str = "auto", quick: bool = False) -> Iterator[dict]:
     loss, args, per_layer = PROGRAMS[name]()
     baselines, executables, want = baseline_rows(name, loss, args, per_layer, repeats)
     plain = baselines[0]
     for r in baselines:
         print(f"  {r['strategy']:<40} peak {r.get('peak_bytes', 0) / 2**30:7.3f} GiB  step {r.get('step_ms')} ms",
               flush=True)
-    budgets = [(f"{r['strategy']} peak", r["peak_bytes"]) for r in baselines[1:] if r.get("peak_bytes")]
+    budgets = [] if quick else [(f"{r['strategy']} peak", r["peak_bytes"]) for r in baselines[1:] if r.get("peak_bytes")]
     budgets += [(f"{f} x plain", int(f * plain["peak_bytes"])) for f in fractions]
     budgets += [(b, remat_opt.device_memory() if b == "device" else remat_opt.parse_bytes(b)) for b in extra_budgets]
     yield from baselines
@@ -206,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--objective", default="auto", choices=("auto", "time", "flops"),
                         help="optimize's objective (auto: step time on an accelerator, FLOPs on the CPU)")
+    parser.add_argument("--quick", action="store_true", help="plan at --fractions only, not at each policy's peak")
     parser.add_argument("--log", action="store_true", help="remat_opt's progress at INFO level")
     args = parser.parse_args(argv)
     if args.log:
@@ -218,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     path = args.out / f"step_time_{device.platform}.csv"
     for name in args.programs:
         print(f"{name}:", flush=True)
-        for row in run(name, args.fractions, args.repeats, tolerance, args.budgets, args.objective):
+        for row in run(name, args.fractions, args.repeats, tolerance, args.budgets, args.objective, args.quick):
             rows.append(row)
             write_csv(path, rows, header)
     return 0

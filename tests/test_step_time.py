@@ -133,12 +133,12 @@ def test_the_step_time_table_runs_where_it_is(tmp_path):
     from experiment_scripts import read_rows, run_script
 
     run_script("step_time.py", "--programs", "tiny_gpt", "--fractions", "0.6", "--repeats", "2",
-               "--objective", "time", "--out", str(tmp_path))
+               "--objective", "time", "--quick", "--out", str(tmp_path))
     rows = read_rows(tmp_path / f"step_time_{jax.default_backend()}.csv")
     plans = [r for r in rows if r["kind"] == "plan"]
     assert {r["strategy"] for r in rows if r["kind"] == "layer"} == {
         "layer/nothing_saveable", "layer/dots_with_no_batch_dims_saveable", "layer/dots_saveable"}
-    assert len(plans) == 4
+    assert len(plans) == 1
     for r in plans:
         assert r["exception"] or (r["fits"] == "True" and float(r["grad_error_over_tolerance"]) <= 1.0), r
 
@@ -166,7 +166,7 @@ def test_a_timed_plan_is_kept_on_disk_and_loaded_as_made(mlp_args, tmp_path, mon
     assert flops.status != "TIMED"
 
 
-@pytest.mark.parametrize("policy", ["nothing_saveable", "dots_with_no_batch_dims_saveable", "dots_saveable"])
+@pytest.mark.parametrize("policy", ["nothing_saveable", "dots_saveable"])
 def test_on_the_cpu_no_fenced_per_layer_policy_recomputes_less(mlp_args, policy):
     # The FLOP search (the CPU's default) at the peak of a per-layer policy a user could write with
     # remat_opt's fence, on layers found in a plain loop over layer dicts: it fits, and recomputes no
