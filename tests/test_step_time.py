@@ -83,8 +83,11 @@ def test_the_search_returns_the_fastest_candidate_that_fits(mlp_args):
     assert plan.step_seconds == min(t.step_seconds for t in run)
     assert all(t.step_seconds is None for t in plan.timed if t.peak_bytes is None or t.peak_bytes > budget)
     assert close(jax.jit(jax.grad(step))(*mlp_args), jax.grad(residual_mlp)(*mlp_args))
-    # XLA:CPU undoes a bare per-layer checkpoint (docs/xla_findings.md §1): the search saw it and fenced them.
-    assert plan.layer_plan is None or plan.layer_plan.fenced
+    # Bare checkpoints only where XLA honoured them (jax 0.10's XLA:CPU undoes them, docs/xla_findings.md §1;
+    # jax 0.12's does not): the bare one saving nothing lowered the plain peak by a quarter or more.
+    bare = [t for t in plan.timed if t.label == "every layer nothing_saveable"]
+    if plan.layer_plan is not None and not plan.layer_plan.fenced:
+        assert bare and bare[0].peak_bytes <= 0.75 * plain
     assert "step" in str(plan) and "ms" in str(plan)
 
 
