@@ -79,7 +79,9 @@ def test_a_cost_model_the_key_cannot_name_is_counted_every_time(traced):
     remat_opt.optimize(mlp, budget, cache=False, cost_model=Priced(1)).plan(params, x)
     counted = len(traced)
     remat_opt.optimize(mlp, budget, cache=False, cost_model=Priced(2)).plan(params, x)
-    assert len(traced) - counted == counted
+    # Counted again, none served from the first plan's counts (the second search may measure more:
+    # a schedule of the program's front, say, whose count is taken too).
+    assert len(traced) - counted >= counted
 
 
 def test_the_whole_function_policies_are_counted_once(monkeypatch):

@@ -49,7 +49,7 @@ from ._verify import verified
 from .memory._facts import check_known, model_graph, read_plain, with_memory_facts
 from .memory._measure import Signature, gradient_flops, signature
 from .memory._once import once_values
-from .memory._sharded import sharded_graph, with_shardings
+from .memory._sharded import is_sharded, sharded_graph, with_shardings
 from .memory._simulate import calibrate, simulate
 from .program._cost import CostModel, Interconnect
 from .program._graph import ProgramGraph, build_graph
@@ -282,7 +282,10 @@ class OptimizedFunction:
                            nums: Any, measure: Callable[[Callable[..., Any]], int], below_flops: int | None,
                            baseline_flops: int, plain_peak: int) -> tuple[Plan, Callable[..., Any]] | None:
         """The fenced per-layer built-in policy that XLA fits with the fewest FLOPs, if it recomputes
-        fewer than ``below_flops``; the model does not describe its program (no prediction)."""
+        fewer than ``below_flops``; the model does not describe its program (no prediction). Not on
+        a mesh: its count on the jaxpr prices no recomputed collective, as the planner's plans are."""
+        if is_sharded(args, kwargs):
+            return None
         progress.stage("per-layer policies")
         counted = counted_layer_policies(self.fn, whole, args, kwargs, nums, self.cost_model, self.has_aux,
                                          baseline_flops)
@@ -391,7 +394,10 @@ class OptimizedFunction:
                        measure: Callable[[Callable[..., Any]], int], args: tuple, kwargs: dict, nums: Any,
                        baseline_flops: int, plain_peak: int) -> tuple[Plan, Callable[..., Any]] | None:
         """The keep-set XLA fits in ``budget`` (:func:`remat_opt.solve._keep_sets.measured_keep_set`),
-        as a plan, if it recomputes less than ``best``; else ``None``."""
+        as a plan, if it recomputes less than ``best``; else ``None``. Not on a mesh: its greedy
+        ranks the matmuls by FLOPs per byte and prices no collective gathered again."""
+        if is_sharded(args, kwargs):
+            return None
         program_of = functools.cache(lambda schedule: self._program(graph, schedule))
         found = measured_keep_set(graph, budget, lambda schedule: measure(program_of(schedule)))
         if found is None:
