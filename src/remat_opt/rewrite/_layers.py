@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
-from jax._src import core
+from jax.extend import core
 
 from ..program._eval import eval_eqn, read_atom
 from ..program._trace import TracedProgram

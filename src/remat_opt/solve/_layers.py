@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-from jax._src import core
+from jax.extend import core
 
 from ..program._trace import TracedProgram
 from ._blocks import MIN_BLOCKS, _token, repeated_period
