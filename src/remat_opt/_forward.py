@@ -17,16 +17,9 @@ from __future__ import annotations
 from typing import Any
 
 import jax
-from jax._src import core
 
-try:  # where jax 0.4.36 to 0.10 keep them
-    from jax._src.interpreters.ad import JVPTrace, JVPTracer
-except ImportError:  # pragma: no cover - a jax that moved them: detect nothing rather than fail
-    JVPTrace = JVPTracer = ()  # type: ignore[assignment,misc]
-try:
-    from jax._src.interpreters.partial_eval import DynamicJaxprTrace as _STAGING
-except ImportError:  # pragma: no cover
-    _STAGING = ()  # type: ignore[assignment,misc]
+from ._jax_private import DynamicJaxprTrace as _STAGING
+from ._jax_private import JVPTrace, JVPTracer, current_trace
 
 # The attributes through which one tracer wraps the value of the trace below it:
 # a linearize or JVP tracer its primal, a batch tracer its batched value.
@@ -34,7 +27,7 @@ _INNER = ("primal", "val")
 
 
 def _has_jvp_tracer(value: Any) -> bool:
-    while isinstance(value, core.Tracer):
+    while isinstance(value, jax.core.Tracer):
         if isinstance(value, JVPTracer):
             return True
         value = next((getattr(value, a) for a in _INNER if hasattr(value, a)), None)
@@ -49,7 +42,7 @@ def _under_jvp_trace() -> bool:
     and later run without its plan under ``jax.grad``. So ``jax.jvp(jax.jit(step))``
     is left to raise JAX's error; ``jax.jit(jax.jvp(step, ...))`` works.
     """
-    trace = getattr(getattr(core, "trace_ctx", None), "trace", None)
+    trace = current_trace()
     while trace is not None and not isinstance(trace, _STAGING):
         if isinstance(trace, JVPTrace):
             return True

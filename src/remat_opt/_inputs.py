@@ -24,7 +24,6 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax._src import core
 
 from ._errors import (
     ClosedOverTracerError,
@@ -115,7 +114,7 @@ def _check_traced(fn: Callable[..., Any], args: tuple, kwargs: dict, has_aux: bo
         return fn(*a, **k)
 
     closed, out = jax.make_jaxpr(flat_fn, return_shape=True)(*specs)
-    tracers = [c for c in closed.consts if isinstance(c, core.Tracer)]
+    tracers = [c for c in closed.consts if isinstance(c, jax.core.Tracer)]
     if tracers:
         raise ClosedOverTracerError(
             f"fn closes over {_describe(tracers[0])} traced by an enclosing transformation "

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
-from jax._src import core
+from jax.extend import core
 from jax.extend.core import ClosedJaxpr
 
 from .._errors import UnsupportedProgramError
@@ -67,7 +67,7 @@ def iteration_backward_bytes(eqn: core.JaxprEqn, tangent_in: list[bool]) -> int:
 
     def loss(dargs: list, fixed: list, cotangents: list) -> Any:
         it_d, it_f = iter(dargs), iter(fixed)
-        outs = core.eval_jaxpr(body.jaxpr, body.consts, *[next(it_d) if d else next(it_f) for d in diff])
+        outs = jax.core.eval_jaxpr(body.jaxpr, body.consts, *[next(it_d) if d else next(it_f) for d in diff])
         return sum((jnp.sum(outs[k] * c) for k, c in zip(floats, cotangents)), jnp.zeros((), jnp.float32))
 
     spec = lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype)  # noqa: E731

@@ -23,9 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
-from jax._src import config as jax_config
-from jax._src.interpreters import partial_eval as pe
 
+from .._jax_private import dce_jaxpr, trace_context
 from ..program._cost import CostModel, jaxpr_flops
 from ..program._static import (
     Static,
@@ -118,7 +117,7 @@ def traced_step(fn: Callable[..., Any], args: tuple, kwargs: dict, argnums: int 
     under the same JAX configuration (``jax.jit``'s own trace context: x64,
     default matmul precision...).
     """
-    context: tuple = getattr(jax_config, "trace_context", tuple)()
+    context = trace_context()
     key = (context, repr(argnums), has_aux, signature(args, kwargs))
     try:
         per_fn = _traces.setdefault(fn, {})
@@ -163,5 +162,5 @@ def gradient_flops(
     it does depends on how the program is nested in ``jit`` calls.
     """
     closed = traced_step(fn, tuple(args), kwargs, argnums, has_aux).jaxpr
-    live, _ = pe.dce_jaxpr(closed.jaxpr, [True] * len(closed.jaxpr.outvars), instantiate=True)
+    live, _ = dce_jaxpr(closed.jaxpr, [True] * len(closed.jaxpr.outvars), instantiate=True)
     return jaxpr_flops(live, cost_model)

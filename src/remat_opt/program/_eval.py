@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from jax._src import core, source_info_util
+from jax.extend import core, source_info_util
 from jax.extend.core import ClosedJaxpr
 
 

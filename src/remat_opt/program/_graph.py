@@ -28,7 +28,7 @@ from typing import Any
 import jax
 import networkx as nx
 import numpy as np
-from jax._src import core
+from jax.extend import core
 
 from ._cost import CostModel, FlopCostModel
 from ._linearize import linearized, reduced_residuals

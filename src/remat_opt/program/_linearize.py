@@ -13,10 +13,10 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax._src import core
-from jax._src.interpreters import partial_eval as pe
+from jax.extend import core
 from jax.extend.core import ClosedJaxpr
 
+from .._jax_private import partial_eval_jaxpr_nounits
 from ._manual import make_program_jaxpr, program_context
 from ._names import eval_program
 from ._precision import upcast_dtypes, upcasting_evaluator
@@ -53,7 +53,7 @@ def linearized(traced: TracedProgram) -> tuple[ClosedJaxpr, ClosedJaxpr, int]:
                                    [*outputs, *outputs])
     unknowns = [False] * nd + [True] * nd + [False] * nf
     with program_context(traced):
-        known, linear, _, res_avals = pe.partial_eval_jaxpr_nounits(jvp_jaxpr, unknowns, False)
+        known, linear, _, res_avals = partial_eval_jaxpr_nounits(jvp_jaxpr, unknowns, False)
     return known, linear, len(res_avals)
 
 

@@ -27,10 +27,10 @@ from typing import Any
 
 import jax
 from jax import lax
-from jax._src import config, core
-from jax._src import shard_map as _shard_map  # the contexts JAX's own shard_map traces in
+from jax.extend import core
 from jax.extend.core import ClosedJaxpr
 
+from .._jax_private import as_manual_mesh, check_vma, extend_axis_env
 from ._names import eval_program
 from ._eval import replaced_program
 from ._trace import TracedProgram, check_plannable, flatten_jaxpr, planned_bodies, with_signature
@@ -76,9 +76,9 @@ class Manual:
         the axis names bound, the mesh's manual axes, and ``check_vma``. JAX's transformations
         of the per-device jaxpr (partial evaluation re-binds ``psum`` and ``axis_index``) run in it."""
         stack = contextlib.ExitStack()
-        stack.enter_context(_shard_map._extend_axis_env(self.mesh, self.axis_names))
-        stack.enter_context(_shard_map.use_abstract_mesh(_shard_map._as_manual_mesh(self.mesh, self.axis_names)))
-        stack.enter_context(config._check_vma(self.check_vma))
+        stack.enter_context(extend_axis_env(self.mesh, self.axis_names))
+        stack.enter_context(jax.sharding.use_abstract_mesh(as_manual_mesh(self.mesh, self.axis_names)))
+        stack.enter_context(check_vma(self.check_vma))
         return stack
 
     def make_jaxpr(self, fn: Callable[..., Any], inputs: Sequence[int], outputs: Sequence[int]) -> ClosedJaxpr:

@@ -18,7 +18,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax._src import core, source_info_util
+from jax.extend import core, source_info_util
 from jax.ad_checkpoint import checkpoint_name
 from jax.extend.core import ClosedJaxpr
 

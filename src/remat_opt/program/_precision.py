@@ -28,7 +28,7 @@ from typing import Any, cast
 import jax
 import numpy as np
 from jax import lax
-from jax._src import core, source_info_util
+from jax.extend import core, source_info_util
 
 from ._names import Evaluator
 from ._eval import eval_eqn
@@ -59,7 +59,7 @@ def upcasting_evaluator(dtypes: frozenset[str]) -> Evaluator:
                     for x, n in zip(invals, narrow)]
         outs = eval_eqn(wide_eqn, wide)
         with source_info_util.user_context(eqn.source_info.traceback):
-            return [lax.convert_element_type(o, cast(core.ShapedArray, v.aval).dtype)
+            return [lax.convert_element_type(o, cast(jax.core.ShapedArray, v.aval).dtype)
                     for o, v in zip(outs, eqn.outvars)]
 
     return evaluate

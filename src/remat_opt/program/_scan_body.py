@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import jax
-from jax._src import core
+from jax.extend import core
 from jax.extend.core import ClosedJaxpr
 
 from ._graph import aval_bytes

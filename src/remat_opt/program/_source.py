@@ -19,7 +19,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from jax._src import core, source_info_util
+from jax.extend import core
+
+from .._jax_private import user_frames
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _ZOO = os.path.join(_PACKAGE, "zoo") + os.sep  # the zoo's models are a user's code
@@ -33,7 +35,7 @@ def _is_internal(file_name: str) -> bool:
 def source_line(traceback: Any) -> str:
     """``"file:line"`` of the innermost frame of ``traceback`` outside JAX and
     remat_opt (the zoo's models count as the user's); ``""`` when there is none."""
-    frames = source_info_util.user_frames(traceback)
+    frames = user_frames(traceback)
     frame = next((f for f in frames if not _is_internal(f.file_name)), None)
     return f"{frame.file_name}:{frame.start_line}" if frame else ""
 

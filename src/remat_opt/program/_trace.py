@@ -42,13 +42,13 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax._src import core, effects, source_info_util
-from jax._src.interpreters import ad
+from jax.extend import core, source_info_util
 # The public name on every jax: jax 0.12 merged ClosedJaxpr into Jaxpr (jax._src.core has no
 # ClosedJaxpr; jax.extend.core keeps it as an alias of Jaxpr, whose .jaxpr is itself and
 # whose .consts are the values of its constvars), so `.jaxpr`/`.consts` work on both.
 from jax.extend.core import ClosedJaxpr
 
+from .._jax_private import primitive_jvps, remat_allowed_effects
 from .._errors import InvalidArgnumsError, InvalidArgnumsTypeError, UnsupportedProgramError
 from ._eval import eval_eqn, read_atom
 from ._source import at_call_site
@@ -403,7 +403,7 @@ def _tangents(jaxpr: core.Jaxpr, tangent_in: Sequence[bool], live_out: Sequence[
             outs = _tangent_flow(_as_open(eqn.params[_INLINE_PARAMS[name]]), t_in, [True] * len(eqn.outvars))
         elif name in _CUSTOM_RULE_PRIMITIVES or list(core.jaxprs_in_params(eqn.params)):
             outs = [True] * len(eqn.outvars)
-        elif name in _NO_DERIVATIVE or eqn.primitive not in ad.primitive_jvps:
+        elif name in _NO_DERIVATIVE or eqn.primitive not in primitive_jvps:
             raise UnsupportedProgramError(
                 name,
                 _source(eqn),
@@ -421,7 +421,7 @@ def _tangents(jaxpr: core.Jaxpr, tangent_in: Sequence[bool], live_out: Sequence[
 def _effect_in_checkpoint(jaxpr: core.Jaxpr) -> core.JaxprEqn | None:
     """The innermost equation with an effect ``jax.checkpoint`` does not allow."""
     for eqn in jaxpr.eqns:
-        if not effects.remat_allowed_effects.filter_not_in(eqn.effects):
+        if not remat_allowed_effects.filter_not_in(eqn.effects):
             continue
         for sub in core.jaxprs_in_params(eqn.params):
             inner = _effect_in_checkpoint(_as_open(sub))

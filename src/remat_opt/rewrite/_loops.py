@@ -47,7 +47,7 @@ from typing import Any
 
 import jax
 from jax import lax
-from jax._src import core
+from jax.extend import core
 from jax.extend.core import ClosedJaxpr
 
 from ._policies import NAME_RECIPES, POLICIES
@@ -180,7 +180,7 @@ def _planned_scan(eqn: core.JaxprEqn, invals: Sequence[Any], plan: LoopPlan,
         if named is not None:
             outs = eval_program(named, [*consts, *c, *x])
         else:
-            outs = core.eval_jaxpr(body_jaxpr.jaxpr, body_jaxpr.consts, *consts, *c, *x)
+            outs = jax.core.eval_jaxpr(body_jaxpr.jaxpr, body_jaxpr.consts, *consts, *c, *x)
         return tuple(outs[:n_carry]), tuple(outs[n_carry:])
 
     if plan.policy is not None:

@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
-from jax._src import core
+from jax.extend import core
 
 from ..program._graph import ProgramGraph
 from ..program._names import eval_named, is_nameable, value_name

@@ -42,7 +42,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import jax.numpy as jnp
-from jax._src import core
+from jax.extend import core
 from ortools.linear_solver import pywraplp
 
 from ..program._graph import ProgramGraph, aval_bytes
