@@ -21,6 +21,7 @@ from decimal import ROUND_FLOOR, Decimal, InvalidOperation
 import numpy as np
 
 from remat_opt._errors import InvalidBudgetError, InvalidBudgetTypeError, short_repr
+from remat_opt._units import binary_bytes
 
 __all__ = ["format_bytes", "parse_bytes"]
 
@@ -53,8 +54,6 @@ _NUMBER_RE = re.compile(
 
 _EXAMPLE = "536870912 or '512MiB'"
 _VALID_UNITS = "B, kB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024)"
-
-_BINARY_STEPS = ("KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
 
 
 def _value_error(argument: str, value: object, problem: str) -> InvalidBudgetError:
@@ -193,14 +192,4 @@ def format_bytes(n: int) -> str:
             argument="n",
             value=n,
         )
-    count = int(n)
-    sign, magnitude = ("-" if count < 0 else ""), abs(count)
-    if magnitude < 1024:
-        return f"{sign}{magnitude} B"
-    value = float(magnitude)
-    for unit in _BINARY_STEPS:
-        value /= 1024
-        # Move up a unit when rounding would print "1024.00" of this one.
-        if round(value, 2) < 1024 or unit == _BINARY_STEPS[-1]:
-            return f"{sign}{value:.2f} {unit}"
-    raise AssertionError("unreachable")  # pragma: no cover
+    return binary_bytes(int(n))

@@ -21,6 +21,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ._units import binary_bytes
+
 __all__ = [
     "ClosedOverTracerError",
     "InfeasibleBudgetError",
@@ -39,9 +41,7 @@ __all__ = [
 
 def _describe_bytes(n: int, *, unit: str = " bytes") -> str:
     """Returns ``"1,000,000 bytes (976.56 KiB)"``-style text for messages."""
-    from remat_opt._budget import format_bytes  # Deferred: _budget imports this module.
-
-    return f"{n:,}{unit} ({format_bytes(n)})"
+    return f"{n:,}{unit} ({binary_bytes(int(n))})"
 
 
 REPR_LIMIT = 200
