@@ -5,6 +5,10 @@ whose nodes carry ``decision``, ``segment``, ``bytes``, ``flops``, ``position``,
 ``primitive`` and ``source`` (the user's line), and the model's peak per
 segment (:attr:`remat_opt.Plan.segment_peaks`). matplotlib and pydot are
 imported only by the function that draws with them.
+
+A plan reaches here as a :class:`ReportedPlan`, the attributes of
+:class:`remat_opt.Plan` the report reads: ``_plan`` imports this module (its
+``report``, ``to_dot`` and ``plot`` are these functions), not the reverse.
 """
 
 from __future__ import annotations
@@ -13,22 +17,49 @@ import os
 from collections import defaultdict
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import networkx as nx
 
 from ._budget import format_bytes
-
-if TYPE_CHECKING:
-    from ._plan import Plan
-    from .memory._fragmentation import Fragmentation
+from ._schedule import Schedule
+from .memory._fragmentation import Fragmentation
 
 SAVED = "saved by name"
 STORED = "stored"
 RECOMPUTED = "recomputed"
 
 
-def _label(plan: Plan, graph: nx.DiGraph, v: int) -> str | None:
+class ReportedPlan(Protocol):
+    """What the report reads of a :class:`remat_opt.Plan` (see its attributes)."""
+
+    @property
+    def graph(self) -> nx.DiGraph: ...
+    @property
+    def schedule(self) -> Schedule | None: ...
+    @property
+    def strategy(self) -> str: ...
+    @property
+    def status(self) -> str: ...
+    @property
+    def budget_bytes(self) -> int: ...
+    @property
+    def measured_peak_bytes(self) -> int | None: ...
+    @property
+    def plain_peak_bytes(self) -> int | None: ...
+    @property
+    def recompute_flops(self) -> int: ...
+    @property
+    def recompute_overhead(self) -> float: ...
+    @property
+    def segment_peaks(self) -> tuple[int, ...]: ...
+    @property
+    def whole_policy(self) -> str | None: ...
+    @property
+    def loop_plan(self) -> object | None: ...
+
+
+def _label(plan: ReportedPlan, graph: nx.DiGraph, v: int) -> str | None:
     """What the plan does with value ``v``, as the report says it."""
     decision = graph.nodes[v].get("decision")
     if decision == "save":
@@ -67,7 +98,7 @@ def _source(text: str) -> str:
     return text if rel.startswith("..") else f"{rel}:{line}"
 
 
-def segment_rows(plan: Plan) -> dict[int, list[dict[str, Any]]]:
+def segment_rows(plan: ReportedPlan) -> dict[int, list[dict[str, Any]]]:
     """Per segment, one row per (what is done, source line): ``what``, ``source``,
     ``values`` (how many), ``nodes`` (their ids in :attr:`Plan.graph`), ``bytes``,
     ``flops`` and ``primitives``.
@@ -107,7 +138,7 @@ def _positions(graph: nx.DiGraph) -> dict[int, tuple[int, int]]:
     return {s: (min(p), max(p)) for s, p in spans.items()}
 
 
-def report(plan: Plan, fragmentation: Fragmentation | None = None) -> str:
+def report(plan: ReportedPlan, fragmentation: Fragmentation | None = None) -> str:
     """The plan as text: its one-line summary, then per segment its positions,
     the model's peak there, and what it saves and recomputes, by source line.
 
@@ -166,7 +197,7 @@ def report(plan: Plan, fragmentation: Fragmentation | None = None) -> str:
 _COLOURS = {"input": "lightblue", "output": "gold", "save": "palegreen", "recompute": "salmon", "free": "white"}
 
 
-def dot_graph(plan: Plan) -> nx.DiGraph:
+def dot_graph(plan: ReportedPlan) -> nx.DiGraph:
     """:attr:`Plan.graph` with attributes Graphviz reads (``label``, ``fillcolor``,
     ``tooltip``); the plan's own attributes are kept, ``shape`` renamed
     ``value_shape`` and ``name`` ``value_name`` (Graphviz and pydot use those)."""
@@ -185,7 +216,7 @@ def dot_graph(plan: Plan) -> nx.DiGraph:
     return out
 
 
-def to_dot(plan: Plan, path: str | os.PathLike) -> Path:
+def to_dot(plan: ReportedPlan, path: str | os.PathLike) -> Path:
     """Writes the plan's graph to ``path`` as DOT (``networkx.drawing.nx_pydot``); returns its path.
 
     Raises:
@@ -199,7 +230,7 @@ def to_dot(plan: Plan, path: str | os.PathLike) -> Path:
     return Path(path)
 
 
-def plot(plan: Plan, path: str | os.PathLike | None = None) -> Any:
+def plot(plan: ReportedPlan, path: str | os.PathLike | None = None) -> Any:
     """The model's peak per segment as bars, with the budget, XLA's measured peak
     and the plain program's peak as horizontal lines.
 
