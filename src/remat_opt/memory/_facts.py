@@ -59,7 +59,7 @@ def with_memory_facts(graph: ProgramGraph, compiled: CompiledProgram | None = No
     summed = summed_at_end(graph, compiled.deferred) if compiled is not None else ()
     scratch = scratch_per_unit(graph, compiled.scratch) if compiled is not None else ()
     return with_inner_bytes(dataclasses.replace(graph, fused=fused, held=held, transposed=transposed,
-                                                summed_at_end=summed, scratch=scratch))
+                                                summed_at_end=summed, scratch=scratch), model_graph)
 
 
 def scratch_per_unit(graph: ProgramGraph, scratch: tuple[tuple[int, int, int, int], ...],

@@ -22,7 +22,8 @@ iterations in groups were predicted 32-69% under XLA's peak.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -30,10 +31,15 @@ from jax.extend import core
 from jax.extend.core import ClosedJaxpr
 
 from .._errors import UnsupportedProgramError
-from ..program._trace import _CHECKPOINT_PRIMITIVES, has_tangent, scan_counts, trace
+from .._schedule import Schedule
+from ..program._graph import ProgramGraph
+from ..program._trace import _CHECKPOINT_PRIMITIVES, TracedProgram, has_tangent, scan_counts, trace
+from ._simulate import simulate
 
-if TYPE_CHECKING:
-    from ..program._graph import ProgramGraph
+ModelGraph = Callable[[TracedProgram], ProgramGraph]
+"""How the memory model builds a program's graph with its facts
+(:func:`remat_opt.memory._facts.model_graph`, which calls :func:`with_inner_bytes`: a body's
+own loops recurse). Passed in, so that this module does not import ``_facts``."""
 
 
 def rematerializes(jaxpr: core.Jaxpr) -> bool:
@@ -43,7 +49,7 @@ def rematerializes(jaxpr: core.Jaxpr) -> bool:
     )
 
 
-def iteration_backward_bytes(eqn: core.JaxprEqn, tangent_in: list[bool]) -> int:
+def iteration_backward_bytes(eqn: core.JaxprEqn, tangent_in: list[bool], model_graph: ModelGraph) -> int:
     """Peak bytes of one iteration's gradient of the scan ``eqn``'s body above
     the body's own inputs and outputs, as the memory model simulates it (a
     body whose loops rematerialize in turn is charged for them the same way).
@@ -51,11 +57,8 @@ def iteration_backward_bytes(eqn: core.JaxprEqn, tangent_in: list[bool]) -> int:
     Args:
         eqn: a ``scan`` equation.
         tangent_in: per operand of ``eqn``, whether it carries a tangent.
+        model_graph: how the model builds the body's gradient's graph.
     """
-    from ._facts import model_graph  # which calls with_inner_bytes: nested loops recurse
-    from ._simulate import simulate
-    from .._schedule import Schedule
-
     body: ClosedJaxpr = eqn.params["jaxpr"]
     avals = [v.aval for v in body.jaxpr.invars]
     n_consts, n_carry = scan_counts(eqn.params)
@@ -81,11 +84,12 @@ def iteration_backward_bytes(eqn: core.JaxprEqn, tangent_in: list[bool]) -> int:
     return max(0, peak - graph.input_bytes - graph.output_bytes)
 
 
-def with_inner_bytes(graph: ProgramGraph) -> ProgramGraph:
+def with_inner_bytes(graph: ProgramGraph, model_graph: ModelGraph) -> ProgramGraph:
     """``graph`` with :attr:`ProgramGraph.inner_bytes` set: per scan unit whose
     body rematerializes, what one iteration's backward holds beyond the bytes
     the scan stores per iteration (its stacked residuals over its length).
-    A body the model cannot trace on its own is not charged."""
+    A body the model cannot trace on its own is not charged; ``model_graph`` builds a body's
+    graph (see :data:`ModelGraph`)."""
     eqns = graph.traced.jaxpr.jaxpr.eqns
     inner = [0] * len(graph.units)
     for u in graph.units:
@@ -95,7 +99,7 @@ def with_inner_bytes(graph: ProgramGraph) -> ProgramGraph:
         tangent_in = [isinstance(v, core.Var) and v in graph.traced.tangent_vars for v in eqn.invars]
         stored = sum(graph.node_bytes[v] for v in u.outputs if graph.residual[v]) // max(1, eqn.params["length"])
         try:
-            held = iteration_backward_bytes(eqn, tangent_in)
+            held = iteration_backward_bytes(eqn, tangent_in, model_graph)
         except UnsupportedProgramError:
             continue  # a body the model cannot trace on its own: its rerun is not charged (as before)
         inner[u.index] = max(0, held - stored)
