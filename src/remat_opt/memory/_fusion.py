@@ -10,11 +10,9 @@ applies them when it builds the program graph.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
-
-if TYPE_CHECKING:
-    from ..program._graph import ProgramGraph, Unit
+from ..program._cost import ELEMENTWISE_PRIMITIVES, FREE_PRIMITIVES, REDUCTION_PRIMITIVES, known_calls
+from ..program._graph import ALIASING_PRIMITIVES, ProgramGraph, Unit
 
 # Elementwise (or broadcast-like) primitives XLA:CPU fuses into their consumers
 # and duplicates freely (not in XLA's ``IsExpensive``): a value made by one of
@@ -70,8 +68,6 @@ class UnknownPrimitiveWarning(UserWarning):
 
 def known_primitives() -> frozenset[str]:
     """Every primitive some rule of the model (or of the cost model) names."""
-    from ..program._cost import ELEMENTWISE_PRIMITIVES, FREE_PRIMITIVES, REDUCTION_PRIMITIVES, known_calls
-    from ..program._graph import ALIASING_PRIMITIVES
     return (CHEAP_FUSIBLE_PRIMITIVES | MATERIALIZING_CONSUMERS | REDUCTIONS | ALIASING_PRIMITIVES
             | ELEMENTWISE_PRIMITIVES | FREE_PRIMITIVES | REDUCTION_PRIMITIVES | known_calls())
 

@@ -23,6 +23,7 @@ from typing import Any
 import jax
 
 from ..program._static import combine, split
+from ._rewrite import fenced_checkpoint
 
 POLICIES: dict[str, Callable[..., bool]] = {
     "nothing_saveable": jax.checkpoint_policies.nothing_saveable,
@@ -111,7 +112,5 @@ def layer_policy_program(loss: Callable[..., Any], policy: str, fenced: bool = F
         )
     pol = policy_by_name(policy)
     if fenced:
-        from ._rewrite import fenced_checkpoint  # deferred: _rewrite imports the memory model
-
         return functools.partial(loss, layer_wrapper=lambda layer: fenced_checkpoint(layer, (), policy=pol))
     return functools.partial(loss, layer_wrapper=lambda layer: filtered_checkpoint(layer, pol))

@@ -18,6 +18,7 @@ import itertools
 from collections.abc import Callable
 
 from .._schedule import Schedule
+from ..memory._simulate import simulate
 from ..program._graph import ProgramGraph
 from ..program._names import parse_value_name
 from ._policy_saves import dot_names
@@ -104,8 +105,6 @@ def measured_keep_set(graph: ProgramGraph, budget: int, measure: Callable[[Sched
     dots = _dots(graph)
     if not 2 <= len(dots) <= ALL_SUBSETS:
         return None
-    from ..memory._simulate import simulate  # the model, read only here
-
     bare = [(measure(Schedule(cuts=cuts)), sorted(cuts), cuts) for cuts in per_matmul_cuts(graph, [p for p, _ in dots])]
     fitting = sorted(b for b in bare if b[0] <= budget)
     if not fitting:
