@@ -1,0 +1,139 @@
+"""The package's architecture, read from its source with ``ast`` (nothing is imported but
+remat_opt itself, to find its folder):
+
+- private JAX (``jax._src``) is imported by one module, :mod:`remat_opt._jax_private`, which
+  says per name why it is needed;
+- the import graph of remat_opt's modules, module-level, function-level and
+  ``TYPE_CHECKING`` imports alike, has no cycle;
+- imports run down the layers, never up (the contract is :data:`MAY_IMPORT`).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import networkx as nx
+import pytest
+
+import remat_opt
+
+PACKAGE = Path(remat_opt.__file__).resolve().parent
+PRIVATE_MODULE = "remat_opt._jax_private"
+
+# The floor: types and helpers every layer uses, importing nothing above themselves.
+CORE = {"_jax_private", "_units", "_errors", "_budget", "_schedule", "_kept"}
+# A plan and its report: above the pipeline (they carry its results), below the planner.
+PLAN = {"_plan", "_report"}
+
+MAY_IMPORT = {
+    "core": set(),
+    "program": {"core"},
+    "memory": {"core", "program"},
+    "solve": {"core", "program", "memory"},
+    "rewrite": {"core", "program", "memory"},
+    "plan": {"core", "program", "memory", "solve", "rewrite"},
+    "baselines": {"core", "program", "memory", "solve", "rewrite", "plan"},
+    "zoo": set(),
+    # The planner and the cache (every other top-level module, the package's face among them)
+    # may import any layer.
+}
+"""Per layer, the layers its modules may import from (besides their own subpackage).
+``solve`` and ``rewrite`` are siblings: neither imports the other."""
+
+
+def layer(module: str) -> str:
+    parts = module.split(".")
+    if len(parts) >= 2 and parts[1] in ("program", "memory", "solve", "rewrite", "baselines", "zoo"):
+        return parts[1]
+    if len(parts) == 2 and parts[1] in CORE:
+        return "core"
+    if len(parts) == 2 and parts[1] in PLAN:
+        return "plan"
+    return "planner"
+
+
+def _module_name(path: Path) -> str:
+    parts = ["remat_opt", *path.relative_to(PACKAGE).with_suffix("").parts]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def imports(module: str) -> Iterator[tuple[str, int]]:
+    """Every module ``module`` imports, anywhere in its source (module level, in functions,
+    under ``TYPE_CHECKING``), with the line: ``from P import x`` counts as importing ``P.x``
+    where that is a module of remat_opt, else ``P``."""
+    path = MODULES[module]
+    package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, node.lineno
+        elif isinstance(node, ast.ImportFrom):
+            base = ".".join([*package[:len(package) - node.level + 1], *([node.module] if node.module else [])]) \
+                if node.level else (node.module or "")
+            for alias in node.names:
+                yield (f"{base}.{alias.name}" if f"{base}.{alias.name}" in MODULES else base), node.lineno
+
+
+def import_graph() -> nx.DiGraph:
+    """remat_opt's modules, an edge per import of one by another (``line``: where)."""
+    graph = nx.DiGraph()
+    graph.add_nodes_from(MODULES)
+    for module in MODULES:
+        for target, line in imports(module):
+            if target in MODULES and target != module:
+                graph.add_edge(module, target, line=line)
+    return graph
+
+
+def _edge(graph: nx.DiGraph, a: str, b: str) -> str:
+    return f"{a} -> {b} (line {graph.edges[a, b]['line']})"
+
+
+def test_the_graph_sees_every_kind_of_import():
+    graph = import_graph()
+    assert graph.number_of_edges() > 200
+    assert graph.has_edge("remat_opt._plan", "remat_opt._report")  # from . import _report
+    assert graph.has_edge("remat_opt.memory._facts", "remat_opt.program._graph")  # from ..program._graph import
+    assert graph.has_edge("remat_opt._cli", "remat_opt.zoo")  # in a function
+    assert graph.has_edge("remat_opt", "remat_opt._api")
+
+
+def test_only_one_module_imports_private_jax():
+    private = {f"{module}:{line} imports {target}" for module in MODULES for target, line in imports(module)
+               if (target == "jax._src" or target.startswith("jax._src.")) and module != PRIVATE_MODULE}
+    assert not private, f"import private JAX through {PRIVATE_MODULE} only:\n" + "\n".join(sorted(private))
+
+
+def test_the_private_module_explains_and_uses_each_name():
+    import remat_opt._jax_private as private
+
+    doc = private.__doc__ or ""
+    unexplained = [name for name in private.__all__ if f"{name}`" not in doc]
+    assert not unexplained, f"{PRIVATE_MODULE}'s docstring should say why each name is needed: {unexplained}"
+    used = {alias for module in MODULES if module != PRIVATE_MODULE
+            for node in ast.walk(ast.parse(MODULES[module].read_text(encoding="utf-8")))
+            if isinstance(node, ast.ImportFrom) and (node.module or "").endswith("_jax_private")
+            for alias in (a.name for a in node.names)}
+    assert set(private.__all__) <= used, f"unused private names: {set(private.__all__) - used}"
+
+
+def test_the_import_graph_has_no_cycle():
+    graph = import_graph()
+    tangles = sorted((sorted(c) for c in nx.strongly_connected_components(graph) if len(c) > 1), key=len)
+    shown = ["\n    ".join(_edge(graph, a, b) for a, b in nx.find_cycle(graph.subgraph(t))) for t in tangles]
+    assert not tangles, (f"{len(tangles)} group(s) of modules import each other; a cycle in each:\n    "
+                         + "\n\n    ".join(shown))
+
+
+@pytest.mark.parametrize("lower", sorted(MAY_IMPORT))
+def test_imports_run_down_the_layers(lower):
+    graph = import_graph()
+    upward = [_edge(graph, a, b) for a, b in graph.edges
+              if layer(a) == lower and layer(b) != lower and layer(b) not in MAY_IMPORT[lower]]
+    assert not upward, (f"{lower} may import only from {sorted(MAY_IMPORT[lower]) or 'itself'}; upward:\n"
+                        + "\n".join(sorted(upward)))
