@@ -8,6 +8,12 @@ bytes cross: a pre-LN transformer's residual stream, not an attention score.
 Unlike :func:`remat_opt.solve._blocks.find_blocks` it asks nothing of the memory
 model: any cut is a correct place for a checkpoint, so the layers need only
 look alike, and a value every layer reads (a mask, a shared weight) is fine.
+
+The repeated run may hold two layers of different kinds (a ResNet stage: a
+block that downsamples, then one that does not). Where cutting each repeat
+in two, at a point no more bytes cross than at its start, gives pieces that
+also match the equations before or after the run (the stage before, whose
+blocks do not downsample), the layers are the pieces, however far they reach.
 """
 
 from __future__ import annotations
@@ -24,21 +30,27 @@ from ._blocks import MIN_BLOCKS, _token, repeated_period
 
 @dataclass(frozen=True)
 class Layers:
-    """``count`` layers of ``length`` equations from equation ``start`` of a program of ``size``."""
+    """The layers of a flat program of ``size`` equations: layer ``k`` is the equations
+    ``cuts[k]:cuts[k + 1]``."""
 
-    start: int
-    length: int
-    count: int
+    cuts: tuple[int, ...]
     size: int
+
+    @property
+    def count(self) -> int:
+        return len(self.cuts) - 1
+
+    def spans(self) -> tuple[tuple[int, int], ...]:
+        """Each layer's ``(first equation, end)``."""
+        return tuple(zip(self.cuts[:-1], self.cuts[1:]))
 
     def bounds(self) -> tuple[int, ...]:
         """Stage starts, then the end: the prefix (if any), each layer, the suffix (if any)."""
-        inner = [self.start + k * self.length for k in range(self.count + 1)]
-        return tuple(sorted({0, *inner, self.size}))
+        return tuple(sorted({0, *self.cuts, self.size}))
 
     def layer_stages(self) -> tuple[int, ...]:
         """The indices, among the stages of :meth:`bounds`, of the layers."""
-        first = 1 if self.start > 0 else 0
+        first = 1 if self.cuts[0] > 0 else 0
         return tuple(range(first, first + self.count))
 
 
@@ -82,15 +94,20 @@ def layers_of(traced: TracedProgram) -> Layers | None:
     Equations are compared whole first (primitive, parameters, shapes); where that
     repetition covers less than half the program (a ResNet's stages change width),
     by primitive alone, which finds the layers that differ only in their shapes.
+    A run whose pieces reach further is cut into them (see the module docstring).
     """
     jaxpr = traced.jaxpr.jaxpr
     crossing = crossing_bytes(jaxpr)
     layers = _repeated(jaxpr, _token, crossing)
-    if layers is None or 2 * layers.count * layers.length < len(jaxpr.eqns):
+    if layers is None or 2 * _covered(layers) < len(jaxpr.eqns):
         coarse = _repeated(jaxpr, lambda e: e.primitive.name, crossing)
-        if coarse is not None and (layers is None or coarse.count * coarse.length > layers.count * layers.length):
+        if coarse is not None and (layers is None or _covered(coarse) > _covered(layers)):
             layers = coarse
-    return layers
+    return None if layers is None else _pieces(jaxpr, layers, crossing)
+
+
+def _covered(layers: Layers) -> int:
+    return layers.cuts[-1] - layers.cuts[0]
 
 
 def _repeated(jaxpr: core.Jaxpr, token: Callable[[core.JaxprEqn], str], crossing: np.ndarray) -> Layers | None:
@@ -100,11 +117,46 @@ def _repeated(jaxpr: core.Jaxpr, token: Callable[[core.JaxprEqn], str], crossing
         return None
     period, run_start, run = found
 
-    def cost(phase: int) -> tuple[int, int, int]:  # the most layers, then the fewest bytes at the cut
-        return (-((run - phase) // period), int(crossing[run_start + phase]), phase)
+    def cost(phase: int) -> tuple[int, int, int]:  # the most layers, the fewest bytes at the cut, the latest
+        return (-((run - phase) // period), int(crossing[run_start + phase]), -phase)
 
     phase = min(range(period), key=cost)
     count = (run - phase) // period
     if count < MIN_BLOCKS:
         return None
-    return Layers(run_start + phase, period, count, len(jaxpr.eqns))
+    start = run_start + phase
+    return Layers(tuple(start + k * period for k in range(count + 1)), len(jaxpr.eqns))
+
+
+def _pieces(jaxpr: core.Jaxpr, layers: Layers, crossing: np.ndarray) -> Layers:
+    """``layers``, or each layer cut in two pieces where the pieces also match, by primitive,
+    equations before or after the run: the cut, among those no more bytes cross than at the
+    layer's start and that leave each piece a quarter of the layer or more, whose pieces reach
+    furthest (see the module docstring)."""
+    names = [e.primitive.name for e in jaxpr.eqns]
+    lo, hi = layers.spans()[0]
+    best, reach = layers, 0
+    for q in sorted(range(1, hi - lo), key=lambda q: (int(crossing[lo + q]), abs(2 * q - hi + lo))):
+        if crossing[lo + q] > crossing[lo] or 4 * min(q, hi - lo - q) < hi - lo:  # two layers, not a sliver
+            continue
+        templates = (tuple(names[lo: lo + q]), tuple(names[lo + q: hi]))
+        cuts = [c + a for c in layers.cuts[:-1] for a in (0, q)] + [layers.cuts[-1]]
+        head: list[int] = []
+        while (piece := _match(names, (head or cuts)[0], templates, backward=True)):
+            head.insert(0, (head or cuts)[0] - piece)
+        tail: list[int] = []
+        while (piece := _match(names, (tail or cuts)[-1], templates, backward=False)):
+            tail.append((tail or cuts)[-1] + piece)
+        extra = (cuts[0] - (head or cuts)[0]) + ((tail or cuts)[-1] - cuts[-1])
+        if extra > reach:
+            best, reach = Layers(tuple(head + cuts + tail), layers.size), extra
+    return best
+
+
+def _match(names: list[str], at: int, templates: tuple[tuple[str, ...], ...], backward: bool) -> int:
+    """The length of a template the equations just before (or from) ``at`` spell; 0 for none."""
+    for t in sorted(templates, key=len, reverse=True):
+        window = names[at - len(t): at] if backward else names[at: at + len(t)]
+        if len(window) == len(t) and tuple(window) == t:
+            return len(t)
+    return 0
