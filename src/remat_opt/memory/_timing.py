@@ -130,3 +130,38 @@ def step_seconds(compiled: Compiled, inputs: tuple, repeats: int = 5) -> float |
             raise
         return None
     return statistics.median(times)
+
+
+_RIDGES: dict[tuple[str, str], float] = {}
+
+
+def device_ridge(dtype: Any = jnp.float32) -> float:
+    """The default device's ridge for ``dtype``: the FLOPs its matmuls run in the time its
+    elementwise work moves one byte, both timed on the device (once per process and dtype).
+
+    The matmul is ``n x n`` by ``n x n``; the elementwise work scales an array of ``4 * n * n``
+    elements in place of itself (reading and writing it). ``n`` is 4096 on an accelerator and 512
+    on the CPU, so that the calibration takes a second or less either way.
+    """
+    key = (jax.default_backend(), jnp.dtype(dtype).name)
+    if key not in _RIDGES:
+        n = 512 if key[0] == "cpu" else 4096
+        a = jnp.ones((n, n), dtype)
+        x = jnp.ones((4 * n * n,), dtype)
+        matmul = _seconds(jax.jit(lambda a: a @ a), a)
+        scale = _seconds(jax.jit(lambda x: x * 1.5 + 1.0), x)
+        flops_per_second = 2.0 * n ** 3 / matmul
+        bytes_per_second = 2.0 * x.size * x.dtype.itemsize / scale
+        _RIDGES[key] = max(1.0, flops_per_second / bytes_per_second)
+    return _RIDGES[key]
+
+
+def _seconds(fn: Callable[..., Any], *args: Any, repeats: int = 5) -> float:
+    """The fastest of ``repeats`` timed runs of ``fn`` (after a warm-up)."""
+    jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - started)
+    return min(times)
