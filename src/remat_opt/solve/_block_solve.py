@@ -34,13 +34,13 @@ import weakref
 from dataclasses import dataclass
 
 import numpy as np
-from ortools.sat.python import cp_model
 
 from .._schedule import Schedule
 from ..memory._simulate import simulate
 from ..program._graph import ProgramGraph
 from ._block_costs import ChainCosts, SegmentTerms
 from ._blocks import BlockChain, find_blocks
+from ._stage_saves import Stage, StageModel, saveable, stage_model
 
 MAX_SEGMENT_STAGES = 8
 """Stages one segment may hold: grouping blocks pays only at the tightest
@@ -62,43 +62,19 @@ class ChainPlan:
     peak_bytes: int
 
 
-def _block_model(graph: ProgramGraph, costs: ChainCosts, t: int
-                 ) -> tuple[cp_model.CpModel, dict[int, cp_model.IntVar], list[cp_model.IntVar], int]:
+def _block_model(graph: ProgramGraph, costs: ChainCosts, t: int) -> StageModel:
     """CP-SAT over stage ``t`` alone, cut at both ends: the fewest recomputed FLOPs
-    (then saved bytes). Returns the model, its save literals, one literal per
-    level ``k`` that caps the saved bytes at ``k / CAP_STEPS`` of all the stage
-    may save (the caller assumes one), and those bytes."""
-    g, m = graph, cp_model.CpModel()
+    (then saved bytes), with one cap literal per level ``k`` that caps the saved bytes at
+    ``k / CAP_STEPS`` of all the stage may save (the caller assumes one)."""
+    g = graph
     lo, hi = costs.bounds[t], costs.bounds[t + 1]
     exits = set(costs.crossing[t + 1])
     own = {v for x in costs.units[t] for v in g.units[x].outputs}
-    # Not the stage's outputs (stored by the cut), nor values laid over another stage's buffer.
-    saveable = [v for v in costs.save_candidates if v in own and v not in exits and g.buffer[v] in own]
-    save = {v: m.new_bool_var(f"s{v}") for v in saveable}
-    rc = {x: m.new_bool_var(f"r{x}") for x in costs.units[t]}
-
-    def kept(v: int) -> list[cp_model.IntVar]:
-        return [rc[g.node_unit[v]], *([save[v]] if v in save else [])]
-
-    for v in sorted(own - exits):
-        if g.residual[v]:
-            m.add_bool_or(kept(v))
-    for x in costs.units[t]:
-        for w in g.units[x].inputs:
-            if lo <= g.position_of(w) < hi and w not in exits:
-                m.add_bool_or(kept(w)).only_enforce_if(rc[x])
-    buffers: dict[int, cp_model.IntVar] = {}
-    for v, s in save.items():
-        buffers.setdefault(g.buffer[v], m.new_bool_var(f"b{g.buffer[v]}"))
-        m.add_implication(s, buffers[g.buffer[v]])
-    total = sum(g.node_bytes[b] for b in buffers)
-    caps = [m.new_bool_var(f"cap{k}") for k in range(CAP_STEPS + 1)]
-    for k, lit in enumerate(caps):
-        m.add(sum(g.node_bytes[b] * y for b, y in buffers.items()) <= total * k // CAP_STEPS).only_enforce_if(lit)
-    quantum = max(1, -(-total // 1000))
-    flops = sum(g.units[x].flops * r for x, r in rc.items() if x in g.primal)
-    m.minimize((total // quantum + 1) * flops + sum((g.node_bytes[b] // quantum) * y for b, y in buffers.items()))
-    return m, save, caps, total
+    total = sum(g.node_bytes[b] for b in {g.buffer[v] for v in saveable(g, own, exits, costs.save_candidates)})
+    weight = {x: g.units[x].flops for x in costs.units[t] if x in g.primal}
+    stage = Stage(tuple(costs.units[t]), lo, hi, frozenset(exits))
+    return stage_model(g, [stage], costs.save_candidates, weight,
+                       [total * k // CAP_STEPS for k in range(CAP_STEPS + 1)])
 
 
 def block_options(graph: ProgramGraph, costs: ChainCosts, t: int, seconds: float = 1.0,
@@ -108,16 +84,11 @@ def block_options(graph: ProgramGraph, costs: ChainCosts, t: int, seconds: float
     are at most ``k / CAP_STEPS`` of all it may save (level 0 saves nothing).
     Each solve is deterministic (one worker, a deterministic-time limit of
     ``seconds``, ``seed``); a level whose solve finds nothing takes the level below."""
-    model, save, caps, total = _block_model(graph, costs, t)
+    model = _block_model(graph, costs, t)
     levels: list[frozenset[int]] = [frozenset()]
-    for k in range(1, CAP_STEPS + 1 if total else 1):
-        model.clear_assumptions()
-        model.add_assumptions([caps[k]])
-        solver = cp_model.CpSolver()
-        p = solver.parameters
-        p.num_workers, p.random_seed, p.max_deterministic_time, p.max_time_in_seconds = 1, seed, seconds, 10 * seconds
-        found = solver.solve(model) in (cp_model.OPTIMAL, cp_model.FEASIBLE)
-        levels.append(frozenset(v for v, s in save.items() if solver.value(s)) if found else levels[-1])
+    for k in range(1, CAP_STEPS + 1 if model.total_bytes else 1):
+        found = model.solve(k, seconds, seed)
+        levels.append(found if found is not None else levels[-1])
     return tuple(levels + levels[-1:] * (CAP_STEPS + 1 - len(levels)))
 
 
