@@ -82,6 +82,7 @@ def test_the_search_returns_the_fastest_candidate_that_fits(mlp_args):
     assert run and all(t.peak_bytes <= budget for t in run)
     assert plan.step_seconds == min(t.step_seconds for t in run)
     assert all(t.step_seconds is None for t in plan.timed if t.peak_bytes is None or t.peak_bytes > budget)
+    assert any("chosen by time" in t.label for t in plan.timed)  # the layers saving what the time model chose
     assert close(jax.jit(jax.grad(step))(*mlp_args), jax.grad(residual_mlp)(*mlp_args))
     # Bare checkpoints only where XLA honoured them (jax 0.10's XLA:CPU undoes them, docs/xla_findings.md §1;
     # jax 0.12's does not): the bare one saving nothing lowered the plain peak by a quarter or more.

@@ -21,7 +21,18 @@ user's code, and then goes between them:
    room under the budget, its last ``k`` layers take the next policy up the
    ladder (they save more, and recompute less), ``k`` as large as XLA's
    measured peaks of the two uniform plans say fits; and its last layer runs
-   as written. These are compiled, and run if they fit.
+   as written.
+4. **Saved by time.** Built-in policies save by kind (every matmul, or
+   none), but on an accelerator recomputing a softmax over ``seq x seq``
+   scores costs more time than recomputing a projection. Each layer instead
+   saves the values a CP-SAT model chooses for the least recompute *time*
+   (:func:`remat_opt.solve._stage_saves.layer_saves`, each unit priced by
+   :class:`remat_opt.program._roofline.RooflineCostModel` at the ridge the
+   device is measured to have), in the bytes the budget leaves above the
+   least-memory per-layer plan (read as XLA's bytes through the measured
+   peaks of the per-layer dot policies).
+
+Steps 3 and 4 are compiled together, and run where they fit.
 
 The fastest candidate that fits is the plan. Its figures are the device's: a
 guarantee that holds by measurement (the plan fits and was the fastest
@@ -48,12 +59,16 @@ from ._schedule import Schedule
 from .memory._facts import model_graph
 from .memory._measure import gradient_flops, signature
 from .memory._simulate import simulate
-from .memory._timing import Compiled, compile_steps, example_arguments, step_seconds
+from .memory._timing import Compiled, compile_steps, device_ridge, example_arguments, step_seconds
 from .program._cost import CostModel
+from .program._graph import ProgramGraph, build_graph
+from .program._roofline import RooflineCostModel
 from .program._trace import TracedProgram, trace, with_signature
 from .rewrite._layers import LayerPlan, StagePolicy, layer_program
 from .rewrite._loops import LoopPlan, loop_program, planned_scans
 from .solve._layers import Layers, layers_of
+from .solve._policy_saves import dot_names
+from .solve._stage_saves import layer_names, layer_saves
 
 logger = logging.getLogger("remat_opt")
 
@@ -122,7 +137,7 @@ def timed_plan(call: TimedCall) -> tuple[Plan, Callable[..., Any]]:
     if search.maybe_undone(first):
         first += search.measure(search.uniform(fenced=True))
         search.choose_family(first)
-    tried = first + search.measure(search.between(first))
+    tried = first + search.measure(search.between(first) + search.saves_by_time(first))
     fitting = [c for c in tried if c.step_seconds is not None]
     if not fitting:
         raise _nothing_fits(call.budget, tried)
@@ -202,6 +217,30 @@ class _Search:
         out += [self._mix(low, up, j, last_plain=True) for j in (k - 1, k - 2) if 1 <= j <= count - 2]
         return out
 
+    def saves_by_time(self, measured: list[Candidate]) -> list[Candidate]:
+        """Every layer saving the values the time model chooses (:func:`layer_saves` over
+        :func:`time_graph`) in the bytes the budget leaves above the least-memory per-layer plan;
+        in all of them, in three quarters, and in all with the last layer as written."""
+        least = self._uniform_of(measured).get(LADDER[0])
+        if self.layers is None or least is None or least.peak_bytes is None:
+            return []
+        graph = time_graph(self.traced)
+        scale = _xla_bytes_per_model_byte(graph, self.layers, self._uniform_of(measured), least.peak_bytes)
+        allowance = (self.call.budget - least.peak_bytes) / scale
+        caps = [int(allowance), int(0.75 * allowance)]
+        out: list[Candidate] = []
+        seen: set[frozenset[int]] = set()
+        for cap, saved in zip(caps, layer_saves(graph, self.layers, caps) if allowance > 0 else []):
+            if not saved or saved in seen:
+                continue
+            seen.add(saved)
+            names: list[StagePolicy] = list(layer_names(graph, self.layers, saved))
+            label = f"every layer saving {len(saved)} values chosen by time in {format_bytes(cap)}"
+            out.append(self.layer_candidate(names, label, self.fenced))
+            if len(out) == 1:
+                out.append(self.layer_candidate(names[:-1] + [None], label + ", the last as written", self.fenced))
+        return out
+
     def _uniform_of(self, measured: list[Candidate]) -> dict[StagePolicy, Candidate]:
         """The measured plans with every layer under one policy, by policy."""
         assert self.layers is not None
@@ -252,6 +291,29 @@ class _Search:
         if self._inputs is None:
             self._inputs = example_arguments(compiled.step_args)
         return self._inputs
+
+
+def time_graph(traced: TracedProgram) -> ProgramGraph:
+    """``traced``'s graph with each unit priced by its time on the default device
+    (:class:`RooflineCostModel` at the device's ridge for the program's matmul dtype)."""
+    dots = [e for e in traced.jaxpr.jaxpr.eqns if e.primitive.name == "dot_general"]
+    dtype = getattr(dots[0].invars[0].aval, "dtype", jax.numpy.float32) if dots else jax.numpy.float32
+    return build_graph(traced, RooflineCostModel(device_ridge(dtype)))
+
+
+def _xla_bytes_per_model_byte(graph: ProgramGraph, layers: Layers, uniform: dict[StagePolicy, Candidate],
+                              least_peak: int) -> float:
+    """What XLA's peak grows by per byte a layer saves, read off the measured per-layer dot
+    policies against the least-memory one (1 where none was measured; within [0.5, 4])."""
+    ratios = []
+    for policy, batch_dims in (("dots_saveable", True), ("dots_with_no_batch_dims_saveable", False)):
+        peak = uniform[policy].peak_bytes if policy in uniform else None
+        buffers = {graph.buffer[v] for v in dot_names(graph, batch_dims)
+                   if any(lo <= graph.position_of(v) < hi for lo, hi in layers.spans())}
+        model = sum(graph.node_bytes[b] for b in buffers)
+        if peak is not None and model > 0:
+            ratios.append((model, (peak - least_peak) / model))
+    return min(4.0, max(0.5, max(ratios)[1])) if ratios else 1.0
 
 
 _MEASURED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

@@ -10,7 +10,11 @@ others nothing).
 A stage's policy is one of JAX's built-in policies by name (a key of
 :data:`remat_opt.rewrite._policies.POLICIES`), a tuple of names to save
 (``save_only_these_names``: a MaxText recipe over the user's
-``checkpoint_name``\\ s), or ``None`` (the stage runs as written).
+``checkpoint_name``\\ s, or values of the program itself named as
+:func:`remat_opt.program._names.value_name` names them), or ``None`` (the
+stage runs as written). A stage under a tuple of names runs with every value
+named (:func:`remat_opt.program._names.eval_named`), so either kind of name
+can be saved.
 
 ``fenced`` puts each checkpointed stage behind the rewriter's fence
 (:func:`remat_opt.rewrite._rewrite.fenced_checkpoint`), for a backend whose
@@ -30,6 +34,7 @@ import jax
 from jax.extend import core
 
 from ..program._eval import eval_eqn, read_atom
+from ..program._names import eval_named, parse_value_name
 from ..program._trace import TracedProgram
 from ._policies import POLICIES
 from ._rewrite import fenced_checkpoint
@@ -72,6 +77,8 @@ class LayerPlan:
 
 def _label(policy: StagePolicy) -> str:
     if isinstance(policy, tuple):
+        if policy and all(parse_value_name(name) for name in policy):
+            return f"save {len(policy)} chosen values"
         return f"save {', '.join(policy)}" if policy else "nothing_saveable"
     return str(policy)
 
@@ -109,7 +116,7 @@ def layer_program(traced: TracedProgram, plan: LayerPlan) -> Callable[..., list[
     io = _stage_io(jaxpr, plan.bounds)
     stages = []
     for (lo, hi), (reads, outs), policy in zip(zip(plan.bounds[:-1], plan.bounds[1:]), io, plan.policies):
-        run = _stage_fn(jaxpr, lo, hi, reads, outs)
+        run = _stage_fn(jaxpr, lo, hi, reads, outs, named=isinstance(policy, tuple))
         if policy is not None:
             run = _checkpointed(run, _policy(policy), reads, traced.tangent_vars, plan.fenced)
         stages.append((run, reads, outs))
@@ -124,11 +131,15 @@ def layer_program(traced: TracedProgram, plan: LayerPlan) -> Callable[..., list[
     return program
 
 
-def _stage_fn(jaxpr: core.Jaxpr, lo: int, hi: int, reads: tuple, outs: tuple) -> Callable[..., tuple]:
+def _stage_fn(jaxpr: core.Jaxpr, lo: int, hi: int, reads: tuple, outs: tuple,
+              named: bool) -> Callable[..., tuple]:
     def run(*vals: Any) -> tuple:
         env = dict(zip(reads, vals))
-        for eqn in jaxpr.eqns[lo:hi]:
-            env.update(zip(eqn.outvars, eval_eqn(eqn, [read_atom(env, v) for v in eqn.invars])))
+        if named:
+            eval_named(jaxpr, env, lo, hi)
+        else:
+            for eqn in jaxpr.eqns[lo:hi]:
+                env.update(zip(eqn.outvars, eval_eqn(eqn, [read_atom(env, v) for v in eqn.invars])))
         return tuple(env[v] for v in outs)
 
     return run

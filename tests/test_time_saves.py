@@ -1,0 +1,123 @@
+"""What each layer saves, chosen by time: the roofline price, the layers of a ResNet, the CP-SAT
+choice against brute force, and the plans' gradients.
+
+Whether these plans are faster on the device than the one-line policies is measured on a TPU by
+experiments/step_time.py (docs/measurements.md); here, on the CPU, the parts that can be checked
+exactly.
+"""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import remat_opt
+from remat_opt.program._graph import build_graph
+from remat_opt.program._roofline import RooflineCostModel, bytes_moved
+from remat_opt.program._trace import trace, with_signature
+from remat_opt.rewrite._layers import LayerPlan, layer_program
+from remat_opt.solve._encoding import save_candidates
+from remat_opt.solve._layers import Layers, layers_of
+from remat_opt.solve._stage_saves import layer_names, layer_saves, layer_stages, saveable
+from remat_opt.zoo import MODELS, ResNetConfig
+
+
+def test_the_roofline_prices_memory_bound_work_by_its_bytes_and_matmuls_by_their_flops():
+    big = jnp.ones((256, 256))
+    exp = jax.make_jaxpr(jnp.exp)(big).eqns[0]
+    dot = jax.make_jaxpr(jnp.matmul)(big, big).eqns[0]
+    model = RooflineCostModel(ridge=20.0)
+    assert bytes_moved(exp) == 256 * 256 * 4  # an elementwise equation writes its output
+    assert model.eqn_flops(exp) == 20 * 256 * 256 * 4  # far above its 65,536 FLOPs
+    assert model.eqn_flops(dot) == 2 * 256**3  # 33.5 MFLOPs, above 20 x 786,432 bytes
+    assert RooflineCostModel(ridge=100.0).eqn_flops(dot) == 100 * 3 * 256 * 256 * 4  # now bound by its bytes
+    with pytest.raises(ValueError, match="ridge"):
+        RooflineCostModel(ridge=0)
+
+
+def test_the_layers_of_a_resnet_are_its_blocks_those_that_downsample_and_those_that_do_not():
+    config = ResNetConfig(image_size=16, widths=(8, 16, 32), blocks_per_stage=2, batch=2)
+    spec = MODELS["resnet"]
+    params, batch = spec.init(config, jax.random.key(0))
+    layers = layers_of(trace(spec.loss, (params, batch), {}, (0,)))
+    assert layers is not None and layers.count == 6  # 3 stages of 2 blocks; 2 of the 3 first blocks downsample
+    lengths = [hi - lo for lo, hi in layers.spans()]
+    assert lengths[0] == lengths[1] == lengths[3] == lengths[5] < lengths[2] == lengths[4]
+
+
+def mlp(params, x):
+    for w1, w2 in params:
+        x = x + jnp.tanh(jnp.exp(jnp.sin(x @ w1)) @ w2)
+    return jnp.sum(x**2)
+
+
+@pytest.fixture(scope="module")
+def mlp_graph():
+    keys = jax.random.split(jax.random.key(0), 6)
+    params = [(jax.random.normal(keys[2 * k], (16, 32)) / 4, jax.random.normal(keys[2 * k + 1], (32, 16)) / 6)
+              for k in range(3)]
+    args = (params, jax.random.normal(keys[-1], (64, 16)))
+    traced = trace(mlp, args, {}, (0,))
+    return args, traced, build_graph(traced, RooflineCostModel(ridge=8.0)), layers_of(traced)
+
+
+def _recompute_cost(graph, stages, saved):
+    """What the layers recompute saving ``saved``: each layer's residuals it does not save, and the
+    inputs made in the layer of what it recomputes, recursively; summed unit costs."""
+    total = 0
+    for stage in stages:
+        roots = [v for u in stage.units for v in graph.units[u].outputs
+                 if graph.residual[v] and v not in stage.exits and v not in saved]
+        stack, done = [graph.node_unit[v] for v in roots], set()
+        while stack:
+            u = stack.pop()
+            if u in done:
+                continue
+            done.add(u)
+            stack += [graph.node_unit[w] for w in graph.units[u].inputs
+                      if stage.lo <= graph.position_of(w) < stage.hi and w not in stage.exits and w not in saved]
+        total += sum(graph.units[u].flops for u in done if u in graph.primal)
+    return total
+
+
+def test_the_layers_saves_are_the_least_recompute_under_the_cap_as_brute_force_finds(mlp_graph):
+    _, _, graph, layers = mlp_graph
+    stages = layer_stages(graph, Layers(layers.cuts[:3], layers.size))  # two layers: 2^k subsets stay few
+    own = {v for s in stages for u in s.units for v in graph.units[u].outputs}
+    exits = set().union(*(s.exits for s in stages))
+    candidates = saveable(graph, own, exits, save_candidates(graph))
+    assert 4 <= len(candidates) <= 16
+
+    def nbytes(subset):
+        return sum(graph.node_bytes[b] for b in {graph.buffer[v] for v in subset})
+
+    total = nbytes(candidates)
+    caps = [0, total // 4, total // 2, total]
+    found = layer_saves(graph, Layers(layers.cuts[:3], layers.size), caps)
+    for cap, saved in zip(caps, found):
+        best = min(_recompute_cost(graph, stages, set(subset))
+                   for r in range(len(candidates) + 1) for subset in itertools.combinations(candidates, r)
+                   if nbytes(subset) <= cap)
+        assert saved is not None and nbytes(saved) <= cap
+        assert _recompute_cost(graph, stages, saved) == best
+    assert _recompute_cost(graph, stages, found[-1]) < _recompute_cost(graph, stages, found[0])
+
+
+@pytest.mark.parametrize("fenced", [False, True])
+def test_layers_saving_their_chosen_values_have_the_programs_gradients(mlp_graph, fenced):
+    args, traced, graph, layers = mlp_graph
+    total = sum(graph.node_bytes[v] for v in save_candidates(graph))
+    saved = layer_saves(graph, layers, [total // 3])[0]
+    names = layer_names(graph, layers, saved)
+    assert saved and sum(map(len, names)) == len(saved)
+    policies = [None] * (len(layers.bounds()) - 1)
+    for stage, chosen in zip(layers.layer_stages(), names):
+        policies[stage] = chosen
+    plan = LayerPlan(layers.bounds(), tuple(policies), fenced)
+    program = with_signature(mlp, traced, layer_program(traced, plan))
+    got, want = jax.jit(jax.grad(program))(*args), jax.jit(jax.grad(mlp))(*args)
+    assert all(np.allclose(g, w, rtol=1e-5, atol=1e-4) for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)))
+    assert "chosen values" in str(plan)
+    assert remat_opt.peak_bytes(program, *args) > 0
