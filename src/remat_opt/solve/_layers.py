@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 from jax.extend import core
 
+from ..program._cost import FlopCostModel
 from ..program._trace import TracedProgram
 from ._blocks import MIN_BLOCKS, _token, repeated_period
 
@@ -95,6 +96,8 @@ def layers_of(traced: TracedProgram) -> Layers | None:
     repetition covers less than half the program (a ResNet's stages change width),
     by primitive alone, which finds the layers that differ only in their shapes.
     A run whose pieces reach further is cut into them (see the module docstring).
+    Layers that hold less than a tenth of the program's FLOPs are none (a few repeated
+    equations beside the ``lax.scan`` that holds the model's layers).
     """
     jaxpr = traced.jaxpr.jaxpr
     crossing = crossing_bytes(jaxpr)
@@ -103,7 +106,12 @@ def layers_of(traced: TracedProgram) -> Layers | None:
         coarse = _repeated(jaxpr, lambda e: e.primitive.name, crossing)
         if coarse is not None and (layers is None or _covered(coarse) > _covered(layers)):
             layers = coarse
-    return None if layers is None else _pieces(jaxpr, layers, crossing)
+    if layers is None:
+        return None
+    layers = _pieces(jaxpr, layers, crossing)
+    flops = [FlopCostModel().eqn_flops(e) for e in jaxpr.eqns]
+    held = sum(flops[layers.cuts[0]: layers.cuts[-1]])
+    return layers if 10 * held >= sum(flops) else None  # not two multiplies beside a scan that does the work
 
 
 def _covered(layers: Layers) -> int:
