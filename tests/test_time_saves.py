@@ -121,3 +121,20 @@ def test_layers_saving_their_chosen_values_have_the_programs_gradients(mlp_graph
     assert all(np.allclose(g, w, rtol=1e-5, atol=1e-4) for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)))
     assert "chosen values" in str(plan)
     assert remat_opt.peak_bytes(program, *args) > 0
+
+
+def test_a_scanned_model_gets_its_body_saving_what_the_time_model_chose():
+    from remat_opt.zoo import GPTConfig
+    from remat_opt.zoo.gpt import scan_loss, stack_layers
+
+    config = GPTConfig(num_layers=3, d_model=64, num_heads=2, seq_len=64, batch=2, vocab=128)
+    params, batch = MODELS["gpt"].init(config, jax.random.key(0))
+    args = (stack_layers(params), batch)
+    assert layers_of(trace(scan_loss, args, {}, (0,))) is None  # no layers beside the scan: no per-layer candidates
+    budget = remat_opt.peak_bytes(scan_loss, *args) // 2
+    step = remat_opt.optimize(scan_loss, budget, objective="time", cache=False)
+    plan = step.plan(*args)
+    assert plan.fits and not any(t.label.startswith("every layer") for t in plan.timed)
+    assert any("chosen by time" in t.label and "an iteration" in t.label for t in plan.timed)
+    got, want = jax.jit(jax.grad(step))(*args), jax.jit(jax.grad(scan_loss))(*args)
+    assert all(np.allclose(g, w, rtol=1e-4, atol=1e-5) for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)))

@@ -66,7 +66,10 @@ from .program._roofline import RooflineCostModel
 from .program._trace import TracedProgram, trace, with_signature
 from .rewrite._layers import LayerPlan, StagePolicy, layer_program
 from .rewrite._loops import LoopPlan, loop_program, planned_scans
+from .program._scan_body import scan_body
+from .solve._body import choose_saved
 from .solve._layers import Layers, layers_of
+from .solve._solve import SolverOptions
 from .solve._policy_saves import dot_names
 from .solve._stage_saves import layer_names, layer_saves
 
@@ -74,6 +77,9 @@ logger = logging.getLogger("remat_opt")
 
 LADDER: tuple[StagePolicy, ...] = ("nothing_saveable", "dots_with_no_batch_dims_saveable", "dots_saveable")
 """Per-layer policies from the least memory (and the most recompute) to the most."""
+
+BODY_SOLVER = SolverOptions(time_limit_s=10.0, deterministic_time_limit=2.0)
+"""CP-SAT's limits for a scan body's saved set: a body is one layer, solved in well under a second."""
 
 UNDONE = 0.75
 """A per-layer checkpoint that saves nothing but peaks above this share of the plain program's may
@@ -137,7 +143,8 @@ def timed_plan(call: TimedCall) -> tuple[Plan, Callable[..., Any]]:
     if search.maybe_undone(first):
         first += search.measure(search.uniform(fenced=True))
         search.choose_family(first)
-    tried = first + search.measure(search.between(first) + search.saves_by_time(first))
+    tried = first + search.measure(search.between(first) + search.saves_by_time(first)
+                                   + search.body_saves_by_time(first))
     fitting = [c for c in tried if c.step_seconds is not None]
     if not fitting:
         raise _nothing_fits(call.budget, tried)
@@ -221,11 +228,14 @@ class _Search:
         """Every layer saving the values the time model chooses (:func:`layer_saves` over
         :func:`time_graph`) in the bytes the budget leaves above the least-memory per-layer plan;
         in all of them, in three quarters, and in all with the last layer as written."""
+        if self.layers is None:
+            return []
         least = self._uniform_of(measured).get(LADDER[0])
-        if self.layers is None or least is None or least.peak_bytes is None:
+        if least is None or least.peak_bytes is None:
             return []
         graph = time_graph(self.traced)
-        scale = _xla_bytes_per_model_byte(graph, self.layers, self._uniform_of(measured), least.peak_bytes)
+        peaks = {str(p): c.peak_bytes for p, c in self._uniform_of(measured).items()}
+        scale = _xla_bytes_per_model_byte(_dot_bytes(graph, self.layers.spans()), peaks, least.peak_bytes)
         allowance = (self.call.budget - least.peak_bytes) / scale
         caps = [int(allowance), int(0.75 * allowance)]
         out: list[Candidate] = []
@@ -239,6 +249,33 @@ class _Search:
             out.append(self.layer_candidate(names, label, self.fenced))
             if len(out) == 1:
                 out.append(self.layer_candidate(names[:-1] + [None], label + ", the last as written", self.fenced))
+        return out
+
+    def body_saves_by_time(self, measured: list[Candidate]) -> list[Candidate]:
+        """For a program whose layers are one ``lax.scan``: its body saving the values the time model
+        chooses (:func:`remat_opt.solve._body.choose_saved` over :func:`time_graph` of the body), in
+        the bytes per iteration the budget leaves above the body under ``nothing_saveable``; in all
+        of them and in three quarters."""
+        positions = planned_scans(self.traced)
+        peaks = {c.loop_plan.policy: c.peak_bytes for c in measured
+                 if c.loop_plan is not None and c.loop_plan.policy is not None}
+        least = peaks.get(str(LADDER[0]))
+        if len(positions) != 1 or least is None:
+            return []
+        body = scan_body(self.traced, positions[0])
+        graph = time_graph(body.program)
+        model = {p: body.length * b for p, b in _dot_bytes(graph).items()}
+        allowance = (self.call.budget - least) / (_xla_bytes_per_model_byte(model, peaks, least) * body.length)
+        out: list[Candidate] = []
+        seen: set[tuple[str, ...]] = set()
+        for cap in (int(allowance), int(0.75 * allowance)) if allowance > 0 else ():
+            saved = choose_saved(graph, cap, BODY_SOLVER).saved
+            if saved and saved not in seen:
+                seen.add(saved)
+                plan = LoopPlan(None, saved=saved)
+                out.append(Candidate(f"{plan}, chosen by time in {format_bytes(cap)} an iteration",
+                                     with_signature(self.call.fn, self.traced, loop_program(self.traced, plan)),
+                                     loop_plan=plan))
         return out
 
     def _uniform_of(self, measured: list[Candidate]) -> dict[StagePolicy, Candidate]:
@@ -301,18 +338,22 @@ def time_graph(traced: TracedProgram) -> ProgramGraph:
     return build_graph(traced, RooflineCostModel(device_ridge(dtype)))
 
 
-def _xla_bytes_per_model_byte(graph: ProgramGraph, layers: Layers, uniform: dict[StagePolicy, Candidate],
-                              least_peak: int) -> float:
-    """What XLA's peak grows by per byte a layer saves, read off the measured per-layer dot
-    policies against the least-memory one (1 where none was measured; within [0.5, 4])."""
-    ratios = []
+def _dot_bytes(graph: ProgramGraph, spans: Sequence[tuple[int, int]] | None = None) -> dict[str, int]:
+    """Bytes of the values each per-layer dot policy saves, on ``graph`` (within ``spans``, or all)."""
+    out = {}
     for policy, batch_dims in (("dots_saveable", True), ("dots_with_no_batch_dims_saveable", False)):
-        peak = uniform[policy].peak_bytes if policy in uniform else None
         buffers = {graph.buffer[v] for v in dot_names(graph, batch_dims)
-                   if any(lo <= graph.position_of(v) < hi for lo, hi in layers.spans())}
-        model = sum(graph.node_bytes[b] for b in buffers)
-        if peak is not None and model > 0:
-            ratios.append((model, (peak - least_peak) / model))
+                   if spans is None or any(lo <= graph.position_of(v) < hi for lo, hi in spans)}
+        out[policy] = sum(graph.node_bytes[b] for b in buffers)
+    return out
+
+
+def _xla_bytes_per_model_byte(model_bytes: dict[str, int], peaks: dict[str, int | None], least_peak: int) -> float:
+    """What XLA's peak grows by per byte the model saves, read off the measured dot policies against
+    the least-memory one (``peaks``; ``model_bytes`` what each saves, all layers or iterations
+    counted); 1 where none was measured; within [0.5, 4]."""
+    ratios = [(model_bytes[p], (peak - least_peak) / model_bytes[p])
+              for p, peak in peaks.items() if peak is not None and model_bytes.get(p, 0) > 0]
     return min(4.0, max(0.5, max(ratios)[1])) if ratios else 1.0
 
 
