@@ -15,7 +15,8 @@ user's code, and then goes between them:
    saves nothing lowers the peak of the program as written by little, the
    compiler may have undone it (XLA:CPU, docs/xla_findings.md §1): the layer
    candidates are then fenced too (:func:`remat_opt.rewrite._rewrite.fenced_checkpoint`)
-   and compiled, and the family whose least-memory plan XLA measures lower goes on.
+   and compiled with the next round, and if the fenced family's least-memory
+   plan XLA measures lower, steps 3 and 4 run again on it.
    Every candidate at or under the budget is run on the device.
 3. **Between the lines.** Where the fastest fitting per-layer policy leaves
    room under the budget, its last ``k`` layers take the next policy up the
@@ -140,11 +141,14 @@ def timed_plan(call: TimedCall) -> tuple[Plan, Callable[..., Any]]:
     layers = layers_of(traced)
     search = _Search(call, traced, layers)
     first = search.measure([Candidate("plain", call.fn), *search.uniform(fenced=False), *search.loops()])
-    if search.maybe_undone(first):
-        first += search.measure(search.uniform(fenced=True))
-        search.choose_family(first)
+    # The fenced layers, if the compiler may have undone the bare ones, beside the bare family's next round.
+    fenced = search.uniform(fenced=True) if search.maybe_undone(first) else []
     tried = first + search.measure(search.between(first) + search.saves_by_time(first)
-                                   + search.body_saves_by_time(first))
+                                   + search.body_saves_by_time(first) + fenced)
+    if fenced:
+        search.choose_family(tried)
+        if search.fenced:  # its own next round
+            tried += search.measure(search.between(tried) + search.saves_by_time(tried))
     fitting = [c for c in tried if c.step_seconds is not None]
     if not fitting:
         raise _nothing_fits(call.budget, tried)
