@@ -107,9 +107,6 @@ def test_a_sharded_plan_is_kept_and_loaded_without_compiling(runs):
     assert cached["remeasured"] == cached["measured"] == r["measured"]  # the program rebuilt is the one measured
 
 
-@pytest.mark.xfail(jax.__version_info__ >= (0, 11), strict=False,
-                   reason="jit's frame is read as jax 0.10.2 lays it out (program/_traced_layout.py); on jax 0.12 "
-                          "the layout is not found yet and a plan under jit falls back to the earlier behaviour")
 @pytest.mark.parametrize("case", ["dp", "fsdp", "dp_tp", "dp_explicit"])
 def test_a_plan_made_under_jit_is_the_plan_made_on_the_arrays(runs, case):
     """``jax.jit(jax.value_and_grad(step)).lower(*arrays)`` first: the tracers' layout is the arrays'

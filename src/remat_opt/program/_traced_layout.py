@@ -8,7 +8,7 @@ in order, from:
 2. the enclosing ``jax.jit`` call being traced: the ``in_shardings`` it was given, else the
    sharding of the array it was passed. JAX keeps them in that call's frame, not in the traced
    values: on ``Auto`` mesh axes a tracer's type records the mesh, never how the array is
-   split over it (jax 0.10). Each tracer is matched to the call's argument it wraps (under
+   split over it (jax 0.10; on jax 0.12 too, unless the axes are ``Explicit``). Each tracer is matched to the call's argument it wraps (under
    ``jax.grad``'s tracers, the ``jit``'s own argument tracer); failing that, by position, when
    the call's array arguments have the leaves' shapes and dtypes in order. A value computed
    inside the ``jit`` (not an argument of it) gives nothing;
@@ -31,6 +31,9 @@ from typing import Any
 import jax
 
 from ._static import mesh_sharding
+
+_TRACE_FRAMES = ("trace_to_jaxpr", "trace_to_jaxpr_nocache")
+"""The functions whose frame holds the traced call's argument tracers, ``in_tracers`` (jax 0.10, 0.12)."""
 
 _JIT_FRAME = "_trace_for_jit"
 """The function of ``jax._src.pjit`` whose frame holds a traced ``jit`` call's arguments and shardings."""
@@ -73,8 +76,9 @@ def _jit_shardings(leaves: Sequence[Any]) -> list[jax.sharding.Sharding | None] 
         arg_tracers = None
         while frame is not None and not (frame.f_code.co_name == _JIT_FRAME
                                          and frame.f_globals.get("__name__", "").endswith("pjit")):
-            if frame.f_code.co_name == "trace_to_jaxpr" and arg_tracers is None:
-                arg_tracers = list(getattr(frame.f_locals.get("in_tracers"), "vals", None) or [])
+            if frame.f_code.co_name in _TRACE_FRAMES and arg_tracers is None:
+                found = frame.f_locals.get("in_tracers")
+                arg_tracers = list(getattr(found, "vals", found) or [])
             frame = frame.f_back
         if frame is None:
             return None
