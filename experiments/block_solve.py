@@ -43,7 +43,7 @@ from remat_opt.memory._measure import abstract
 from remat_opt.memory._simulate import simulate
 from remat_opt.program._trace import trace
 from remat_opt.solve._block_solve import _search_of
-from remat_opt.solve._checkmate import (
+from checkmate_reference import (  # noqa: E402
     from_program_graph,
     simulate_stages,
     solve_checkmate,

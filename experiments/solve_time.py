@@ -6,7 +6,7 @@ is 60% of the way from the lowest peak its model reaches
 (:func:`remat_opt.solve._solve.min_peak_schedule`) to the peak without remat
 (``Schedule(plain=True)``); :func:`remat_opt.solve._solve.solve` is timed at it.
 
-Checkmate's MILP (:mod:`remat_opt.solve._checkmate`, solved by SCIP by default) runs
+Checkmate's MILP (experiments/checkmate_reference.py, solved by SCIP by default) runs
 on Checkmate's own forward + backward graph of the same program, whose memory
 model differs (every value materialized, no transients). It gets the budget at
 the same *relative* place: the same fraction of its no-recompute activation
@@ -38,7 +38,6 @@ from pathlib import Path
 
 import jax
 
-from remat_opt.solve._checkmate import from_program_graph, simulate_stages, solve_checkmate, store_all
 from remat_opt._errors import InfeasibleBudgetError
 from remat_opt.memory import model_graph
 from remat_opt.memory._measure import abstract
@@ -47,6 +46,9 @@ from remat_opt._schedule import Schedule
 from remat_opt.solve._solve import SolverOptions, min_peak_schedule, solve
 from remat_opt.program._trace import trace
 from remat_opt.zoo import MODELS, GPTConfig, MLPConfig
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from checkmate_reference import from_program_graph, simulate_stages, solve_checkmate, store_all  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 FRACTION = 0.6  # of the way from the lowest peak to the plain peak

@@ -3,7 +3,7 @@
 What is compared, and why it is a valid check: the MILP encodes Checkmate's
 rules *linearly* (``Free`` by two big-M inequalities, memory by the ``U``
 recurrence). :func:`pareto` instead enumerates every schedule and evaluates
-the rules *directly* (:func:`remat_opt.solve._checkmate.stage_peak`), so the two
+the rules *directly* (:func:`checkmate_reference.stage_peak`, experiments/checkmate_reference.py), so the two
 agree only if the linearization is exact and the solver optimal.
 
 The enumeration is over the kept sets ``S[t]`` (every subset), with ``R[t]``
@@ -22,13 +22,15 @@ import importlib.util
 import itertools
 import math
 import random
+import sys
 import time
 from pathlib import Path
 
 import jax.numpy as jnp
 import pytest
 
-from remat_opt.solve._checkmate import (
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
+from checkmate_reference import (  # noqa: E402
     CheckmateGraph,
     from_program_graph,
     simulate_stages,

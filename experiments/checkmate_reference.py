@@ -9,7 +9,9 @@ objective ``sum R[t,i] cost[i]``. Only the lower triangle is built: O(n²)
 binaries, where :mod:`remat_opt.solve._encoding` needs O(n). Solved by an open MILP
 solver bundled with OR-tools (SCIP by default; CBC or HiGHS). A reference,
 not a planner: plans are checked by :func:`simulate_stages` (the rules
-evaluated directly on ``R`` and ``S``), *not* rewritten into JAX.
+evaluated directly on ``R`` and ``S``), *not* rewritten into JAX. It lives
+beside the experiments, outside the installed package: tests/test_checkmate.py
+and the solve-time experiments import it from here.
 
 :func:`from_program_graph` builds Checkmate's graph from a
 :class:`~remat_opt.program._graph.ProgramGraph`, approximately:
@@ -45,7 +47,7 @@ import jax.numpy as jnp
 from jax.extend import core
 from ortools.linear_solver import pywraplp
 
-from ..program._graph import ProgramGraph, aval_bytes
+from remat_opt.program._graph import ProgramGraph, aval_bytes
 
 BACKENDS = ("SCIP", "CBC", "HIGHS")
 Ops = frozenset[int]
