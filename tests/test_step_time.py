@@ -189,3 +189,16 @@ def test_on_the_cpu_no_fenced_per_layer_policy_recomputes_less(mlp_args, policy)
     assert ours.fits and remat_opt.peak_bytes(step, *mlp_args) <= budget
     assert ours.measured_recompute_flops <= flops
     assert close(jax.jit(jax.grad(step))(*mlp_args), jax.grad(residual_mlp)(*mlp_args))
+
+
+def test_a_larger_budget_is_never_answered_by_a_slower_plan(mlp_args):
+    def loss(params, x):  # its own function: what this process measured is kept per function
+        return residual_mlp(params, x)
+
+    plain = remat_opt.peak_bytes(loss, *mlp_args)
+    smaller = remat_opt.optimize(loss, int(0.6 * plain), objective="time", cache=False).plan(*mlp_args)
+    larger = remat_opt.optimize(loss, int(0.9 * plain), objective="time", cache=False).plan(*mlp_args)
+    assert smaller.fits and larger.fits
+    # The smaller budget's plan fits the larger one too, and is among its candidates, with its time.
+    assert any(t.label == smaller.timed[0].label and t.step_seconds == smaller.step_seconds for t in larger.timed)
+    assert larger.step_seconds <= smaller.step_seconds

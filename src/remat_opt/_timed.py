@@ -35,7 +35,9 @@ user's code, and then goes between them:
 
 Steps 3 and 4 are compiled together, and run where they fit.
 
-The fastest candidate that fits is the plan. Its figures are the device's: a
+The fastest candidate that fits is the plan, among these and every candidate this process
+measured for the same function and arguments at other budgets (so that a larger budget is never
+answered by a slower plan). Its figures are the device's: a
 guarantee that holds by measurement (the plan fits and was the fastest
 measured), not a prediction of a model.
 """
@@ -149,6 +151,7 @@ def timed_plan(call: TimedCall) -> tuple[Plan, Callable[..., Any]]:
         search.choose_family(tried)
         if search.fenced:  # its own next round
             tried += search.measure(search.between(tried) + search.saves_by_time(tried))
+    tried += search.measure(search.recalled(tried))
     fitting = [c for c in tried if c.step_seconds is not None]
     if not fitting:
         raise _nothing_fits(call.budget, tried)
@@ -312,20 +315,27 @@ class _Search:
         fresh = [c for c in candidates if c.label not in known]
         progress.stage(f"step-time search: compiling {len(fresh)} candidate(s) in parallel")
         compiled = compile_steps([c.program for c in fresh], call.args, call.kwargs, call.nums, call.has_aux)
-        known.update({c.label: (result, None) for c, result in zip(fresh, compiled)})
+        known.update({c.label: (result, None, c) for c, result in zip(fresh, compiled)})
         out = []
         for candidate in candidates:
-            result, seconds = known[candidate.label]
+            result, seconds, _ = known[candidate.label]
             if seconds is None and result.peak_bytes is not None and result.peak_bytes <= call.budget:
                 progress.stage(f"step-time search: running {candidate.label}")
                 seconds = step_seconds(result, self.inputs(result), call.repeats)
-                known[candidate.label] = (result, seconds)
+                known[candidate.label] = (result, seconds, candidate)
             fits = result.peak_bytes is not None and result.peak_bytes <= call.budget
             logger.info("candidate %s: peak %s, compiled in %.1f s, step %s", candidate.label,
                         "does not fit the device" if result.peak_bytes is None else format_bytes(result.peak_bytes),
                         result.seconds, f"{1e3 * seconds:.2f} ms" if fits and seconds else "not run")
             out.append(dataclasses.replace(candidate, compiled=result, step_seconds=seconds if fits else None))
         return out
+
+    def recalled(self, tried: list[Candidate]) -> list[Candidate]:
+        """The candidates this process measured for the same function and arguments at other budgets
+        that fit this one: a larger budget is never answered by a slower plan than a smaller one."""
+        labels = {c.label for c in tried}
+        return [c for label, (result, _, c) in _measured(self.call).items() if label not in labels
+                and result.peak_bytes is not None and result.peak_bytes <= self.call.budget]
 
     def inputs(self, compiled: Compiled) -> tuple:
         """Arrays of the step's argument shapes (made once per call: every candidate's step takes the same)."""
@@ -364,9 +374,9 @@ def _xla_bytes_per_model_byte(model_bytes: dict[str, int], peaks: dict[str, int 
 _MEASURED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _measured(call: TimedCall) -> dict[str, tuple[Compiled, float | None]]:
+def _measured(call: TimedCall) -> dict[str, tuple[Compiled, float | None, Candidate]]:
     """What this process measured of ``call.fn``'s candidates on these arguments, by label: each
-    compile, and its step time where one was run. Kept while the function lives."""
+    compile, its step time where one was run, and the candidate. Kept while the function lives."""
     key = (signature(call.args, call.kwargs), repr(call.nums), call.has_aux, call.repeats, jax.default_backend())
     try:
         per_fn = _MEASURED.setdefault(call.fn, {})
