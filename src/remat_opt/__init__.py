@@ -41,7 +41,7 @@ from ._optimize import OptimizedFunction as OptimizedFunction
 from .memory._fusion import UnknownPrimitiveWarning as UnknownPrimitiveWarning
 from ._api import optimize as optimize
 from ._api import peak_bytes as peak_bytes
-from ._api import device_memory as device_memory
+from ._options import device_memory as device_memory
 from ._plan import Plan as Plan
 from ._step import optimize_step as optimize_step
 from .rewrite._policies import POLICIES as POLICIES

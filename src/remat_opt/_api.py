@@ -6,12 +6,10 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ._budget import parse_bytes
-import jax
-
-from ._errors import InvalidBudgetError, InvalidOptionError, InvalidOptionTypeError, short_repr
+from ._errors import InvalidOptionTypeError, short_repr
 from ._inputs import check_argnums, check_call
 from ._optimize import OptimizedFunction
+from ._options import PlanOptions, budget_of
 from .memory._measure import peak_bytes as measured_peak
 from .program._cost import CostModel, Interconnect
 from .solve._solve import SolverOptions
@@ -123,46 +121,11 @@ def optimize(
         True
     """
     _check_callable(fn)
-    device = isinstance(budget_bytes, str) and budget_bytes == "device"
-    budget = device_memory() if device else parse_bytes(budget_bytes, argument="budget_bytes")
-    if not isinstance(objective, str) or objective not in OBJECTIVES:
-        raise InvalidOptionError(f"objective must be one of {OBJECTIVES}; got {objective!r}.",
-                                 argument="objective", value=objective)
-    check_count("max_attempts", max_attempts, 1, " (the default is 4)")
-    _check_type("solver_options", solver_options, SolverOptions)
-    check_argnums(argnums)
-    check_count("unroll_scans", unroll_scans, 0, " (0 keeps scans whole)")
-    for flag, value in (("has_aux", has_aux), ("compute_saved_once", compute_saved_once), ("xla_facts", xla_facts)):
-        if not isinstance(value, bool):
-            raise InvalidOptionTypeError(f"{flag} must be a bool; got {short_repr(value)}. Pass True or False.",
-                                         argument=flag, value=value)
-    _check_type("interconnect", interconnect, Interconnect)
-    if not isinstance(cache, (bool, str, os.PathLike)):
-        raise InvalidOptionTypeError("cache must be True, False or a folder (str or os.PathLike); got "
-                                     f"{short_repr(cache)}. "
-                                     "Pass one of those.", argument="cache", value=cache)
-    return OptimizedFunction(fn, budget, argnums, solver_options or SolverOptions(), max_attempts, cost_model,
-                             has_aux, unroll_scans, compute_saved_once, xla_facts, cache,
-                             interconnect, in_shardings, objective)
-
-
-OBJECTIVES = ("auto", "time", "flops")
-"""What ``optimize`` may minimise under the budget."""
-
-
-def device_memory() -> int:
-    """The memory of the default device, as it reports it (``bytes_limit``).
-
-    Raises:
-        InvalidBudgetError: the device reports no memory limit (the CPU).
-    """
-    device = jax.devices()[0]
-    stats = device.memory_stats() or {}
-    if "bytes_limit" not in stats:
-        raise InvalidBudgetError(f"budget_bytes='device' needs a device that reports its memory (a TPU or GPU); "
-                                 f"{device.platform} does not. Pass a size such as '8GiB'.",
-                                 argument="budget_bytes", value="device")
-    return int(stats["bytes_limit"])
+    options = PlanOptions(budget_of(budget_bytes), argnums=argnums, solver_options=solver_options,
+                          max_attempts=max_attempts, cost_model=cost_model, has_aux=has_aux,
+                          unroll_scans=unroll_scans, compute_saved_once=compute_saved_once, xla_facts=xla_facts,
+                          cache=cache, interconnect=interconnect, in_shardings=in_shardings, objective=objective)
+    return OptimizedFunction(fn, options)
 
 
 def peak_bytes(
@@ -200,24 +163,7 @@ def peak_bytes(
     return measured_peak(fn, *args, argnums=argnums, has_aux=has_aux, **kwargs)
 
 
-def check_count(option: str, value: Any, minimum: int, note: str = "") -> None:
-    """``value`` is an int (not a bool) of at least ``minimum``, 0 or 1; ``note`` follows the
-    option's kind in the error."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        kind = "a positive int" if minimum == 1 else "a non-negative int"
-        raise InvalidOptionError(f"{option} must be {kind}{note}; got {short_repr(value)}. Pass {minimum} or more.",
-                                 argument=option, value=value)
-
-
 def _check_callable(fn: Any) -> None:
     if not callable(fn):
         raise InvalidOptionTypeError(f"fn must be callable; got {short_repr(fn)} ({type(fn).__name__}). Pass the loss "
                                      "function itself.", argument="fn", value=fn)
-
-
-def _check_type(option: str, value: Any, kind: type) -> None:
-    """``value`` is ``None`` or a ``kind`` (a class remat_opt exports)."""
-    if value is not None and not isinstance(value, kind):
-        raise InvalidOptionTypeError(f"{option} must be None or a remat_opt.{kind.__name__}; got "
-                                     f"{type(value).__name__}. Pass remat_opt.{kind.__name__}(...).",
-                                     argument=option, value=value)

@@ -47,6 +47,7 @@ import jax
 from jax.extend import core
 
 from ._errors import InfeasibleBudgetError
+from ._options import PlanOptions
 from ._plan import Plan, Timed
 from ._schedule import Schedule
 from .memory._measure import traced_step
@@ -115,25 +116,24 @@ def names_cost_model(cost_model: Any) -> bool:
     return cost_model is None or dataclasses.is_dataclass(cost_model)
 
 
-def options_of(optimized: Any, argnums: tuple[int, ...]) -> dict[str, Any]:
-    """The options of an :class:`remat_opt.OptimizedFunction` a plan depends on:
-    ``optimize``'s arguments and the search's constants (its upper-case class
-    attributes, such as ``RETRY_MARGIN``)."""
-    cost_model = optimized.cost_model
+def options_of(options: PlanOptions, argnums: tuple[int, ...], constants: Mapping[str, Any]) -> dict[str, Any]:
+    """The options a plan depends on: ``optimize``'s (``argnums`` normalized) and the
+    search's ``constants`` (the planner's upper-case class attributes, such as ``RETRY_MARGIN``)."""
+    cost_model = options.cost_model
     model = "default" if cost_model is None else f"{type(cost_model).__module__}.{type(cost_model).__qualname__}"
     if cost_model is not None and names_cost_model(cost_model):
         model += repr(cost_model)
     return {
-        "solver_options": dataclasses.asdict(optimized.solver_options),
-        "max_attempts": optimized.max_attempts,
-        "unroll_scans": optimized.unroll_scans,
-        "compute_saved_once": optimized.compute_saved_once,
-        "xla_facts": optimized.xla_facts,
-        "has_aux": optimized.has_aux,
+        "solver_options": dataclasses.asdict(options.solver),
+        "max_attempts": options.max_attempts,
+        "unroll_scans": options.unroll_scans,
+        "compute_saved_once": options.compute_saved_once,
+        "xla_facts": options.xla_facts,
+        "has_aux": options.has_aux,
         "argnums": list(argnums),
-        "objective": "time" if optimized.minimises_time() else "flops",
+        "objective": "time" if options.minimises_time() else "flops",
         "cost_model": model,
-        "search": {k: getattr(optimized, k) for k in dir(type(optimized)) if k.isupper()},
+        "search": dict(constants),
     }
 
 

@@ -17,16 +17,15 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import jax
 
 from ._budget import format_bytes
-from ._cache import (cache_directory, derivative_text, layout_of, names_cost_model, options_of, plan_key,
-                     qualified_name)
+from ._cache import cache_directory, names_cost_model, qualified_name
+from ._call import Call
 from ._counted import counted_flops
 from ._errors import InfeasibleBudgetError
 from . import _front
@@ -37,6 +36,7 @@ from ._loop_planning import LoopCandidate, LoopSearch, body_plans, loop_plans
 from ._lowest import lowest_kept, recall, remember
 from ._mesh import laid_out, measurer, per_device_error, sharded_twin, with_collectives
 from . import _progress as progress
+from ._options import PlanOptions
 from ._plan import Plan, annotate, measured_flops_of, measured_peak_of
 from ._policy_planning import (PolicyCandidate, counted_policies, measured_policies, unmeasured_policies,
                                within_reach)
@@ -51,18 +51,89 @@ from .memory._measure import Signature, gradient_flops, signature
 from .memory._once import once_values
 from .memory._sharded import is_sharded, sharded_graph, with_shardings
 from .memory._simulate import calibrate, simulate
-from .program._cost import CostModel, Interconnect
 from .program._graph import ProgramGraph, build_graph
 from .program._manual import planned_body
-from .program._trace import TracedProgram, grad_argnums, normalize_argnums, trace
+from .program._trace import TracedProgram, trace
 from .rewrite._apply import apply_schedule
 from .solve._keep_sets import measured_keep_set
 from .solve._outside import outside_tiers
-from .solve._solve import SolverClock, SolverOptions
+from .solve._solve import SolverClock
 
 logger = logging.getLogger("remat_opt")
 """Progress of a plan (stages, solves, measurements) at INFO level; silent unless configured,
 e.g. ``logging.basicConfig(level=logging.INFO)``."""
+
+
+Planned = tuple[Plan, Callable[..., Any]]
+Measure = Callable[[Callable[..., Any]], int]
+
+
+@dataclasses.dataclass(frozen=True)
+class Modelled:
+    """A call's program as the search plans it, before anything is measured.
+
+    Attributes:
+        traced: the program planned (scans unrolled up to ``unroll_scans``, a shard_map's body).
+        whole: ``fn`` as written, its scans whole: what a plain plan and the loop plans run.
+        graph: the model's graph of ``traced``, with XLA's facts and, on a mesh, one device's bytes.
+        compiled: XLA's account of ``fn`` as written (``None`` with ``xla_facts=False``).
+        key: the program's key at any budget (:mod:`remat_opt._lowest`, :mod:`remat_opt._front`).
+    """
+
+    traced: TracedProgram
+    whole: TracedProgram
+    graph: ProgramGraph
+    compiled: Any
+    key: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Search:
+    """One search of a call: what every strategy is built, measured and judged with.
+
+    Attributes:
+        call: the question.
+        model: the program, as modelled.
+        graph: ``model.graph`` calibrated on XLA's peak of the flat program as written.
+        whole_graph: the graph of ``fn`` as written (scans whole), calibrated on its peak.
+        measure: XLA's peak of a program's gradient step.
+        baseline_flops: FLOPs of the plain gradient step.
+        plain_peak: XLA's peak of ``fn`` as written.
+    """
+
+    call: Call
+    model: Modelled
+    graph: ProgramGraph
+    whole_graph: ProgramGraph
+    measure: Measure
+    baseline_flops: int
+    plain_peak: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """What a candidate measured on XLA, and how it was found.
+
+    Attributes:
+        peak: XLA's peak of its gradient step.
+        flops: the FLOPs it recomputes, counted on its jaxpr (``None``: not counted).
+        status, gap: the solver's (``"FEASIBLE"`` and 1: no bound, a schedule found outside CP-SAT).
+        seconds: seconds in CP-SAT.
+        attempts: solves, or candidates measured, until it fit.
+    """
+
+    peak: int
+    flops: int | None = None
+    status: str = "FEASIBLE"
+    gap: float = 1.0
+    seconds: float = 0.0
+    attempts: int = 1
+
+    @classmethod
+    def counted(cls, peak: int, flops: int, seconds: float = 0.0) -> Outcome:
+        """A measured candidate the solver did not bound: optimal when it recomputes nothing."""
+        status, gap = ("FEASIBLE", 1.0) if flops > 0 else ("OPTIMAL", 0.0)
+        return cls(peak, flops, status, gap, seconds)
 
 
 class OptimizedFunction:
@@ -74,42 +145,17 @@ class OptimizedFunction:
     are not arrays (an Equinox module's functions, Python scalars) are static,
     closed over and part of the plan's key, as in ``jax.jit``'s
     ``static_argnums`` (compared by ``==``, or by identity when unhashable).
+
+    Args:
+        fn: the loss function.
+        options: what its plans are asked for (:func:`remat_opt.optimize` makes them).
     """
 
-    def __init__(
-        self,
-        fn: Callable[..., Any],
-        budget_bytes: int,
-        argnums: int | Sequence[int],
-        solver_options: SolverOptions,
-        max_attempts: int,
-        cost_model: CostModel | None,
-        has_aux: bool = False,
-        unroll_scans: int = 0,
-        compute_saved_once: bool = True,
-        xla_facts: bool = True,
-        cache: bool | str | os.PathLike = False,
-        interconnect: Interconnect | None = None,
-        in_shardings: Any = None,
-        objective: str = "auto",
-    ):
-        self.fn = fn
-        self.budget_bytes = budget_bytes
-        self.argnums = argnums
-        self.solver_options = solver_options
-        self.max_attempts = max_attempts
-        self.cost_model = cost_model
-        self.has_aux = has_aux
-        self.unroll_scans = unroll_scans
-        self.compute_saved_once = compute_saved_once
-        self.xla_facts = xla_facts
-        self.cache = cache
-        self.interconnect = interconnect or Interconnect()
-        self.in_shardings = in_shardings
-        self.objective = objective
-        self._cache: dict[Signature, tuple[Plan, Callable[..., Any]]] = {}
-        self._front_key: str | None = None  # the program's key at any budget, while it is planned (remat_opt._front)
+    def __init__(self, fn: Callable[..., Any], options: PlanOptions):
         functools.update_wrapper(self, fn)
+        self.fn = fn
+        self.options = options
+        self._cache: dict[Signature, Planned] = {}
 
     FALLBACK_CANDIDATES = 4
     """Lowest-memory schedules measured on XLA before a budget is declared out of reach."""
@@ -124,216 +170,199 @@ class OptimizedFunction:
         """The plan for these arguments (solved and verified on first use, then cached)."""
         return self._planned(args, kwargs)[0]
 
-    def _planned(self, args: tuple, kwargs: dict) -> tuple[Plan, Callable[..., Any]]:
+    def _planned(self, args: tuple, kwargs: dict) -> Planned:
+        options = self.options
         try:
             specs, kwargs_specs = laid_out(args, kwargs)  # tracers: the layout of the arrays under jit
-            specs = with_shardings(specs, self.in_shardings)
+            specs = with_shardings(specs, options.in_shardings)
         except TypeError:  # a leaf JAX cannot trace (a string array): the typed error names it
-            check_call(self.fn, args, kwargs, self.argnums, self.has_aux)
+            check_call(self.fn, args, kwargs, options.argnums, options.has_aux)
             raise
         key = signature(specs, kwargs_specs)
         if key not in self._cache:
             twin = sharded_twin(self._cache, key)
             if twin is not None:
                 return twin
-            check_call(self.fn, args, kwargs, self.argnums, self.has_aux)  # remat_opt._inputs: typed errors
-            self._cache[key] = cached_plan(self, specs, kwargs_specs)
+            check_call(self.fn, args, kwargs, options.argnums, options.has_aux)  # remat_opt._inputs: typed errors
+            constants = {k: getattr(self, k) for k in dir(type(self)) if k.isupper()}  # the search's
+            self._cache[key] = cached_plan(Call.of(self.fn, specs, kwargs_specs, options, constants),
+                                           self._make_plan)
         return self._cache[key]
 
-    def minimises_time(self) -> bool:
-        """Whether plans minimise the step time on the device (``objective``; ``"auto"``: off the CPU)."""
-        if self.objective == "auto":
-            return jax.default_backend() != "cpu"
-        return self.objective == "time"
-
-    def _timed_plan(self, args: tuple, kwargs: dict) -> tuple[Plan, Callable[..., Any]]:
+    def _timed_plan(self, call: Call) -> Planned:
         """The fastest plan that fits, measured on the device (:mod:`remat_opt._timed`)."""
-        argnums = normalize_argnums(self.argnums, len(args))
-        nums = grad_argnums(argnums)
-        refused = floor_refusal(self.fn, args, kwargs, nums, self.has_aux, self.budget_bytes)
+        refused = floor_refusal(call.fn, call.args, call.kwargs, call.nums, call.has_aux, call.budget)
         if refused is not None:  # under the step's arguments and outputs: no search can help (remat_opt._floor)
             raise refused
-        return timed_plan(TimedCall(self.fn, args, kwargs, argnums, nums, self.has_aux, self.budget_bytes,
-                                    self.cost_model))
+        return timed_plan(TimedCall(call.fn, call.args, call.kwargs, call.argnums, call.nums, call.has_aux,
+                                    call.budget, call.options.cost_model))
 
-    def _make_plan(self, args: tuple, kwargs: dict) -> tuple[Plan, Callable[..., Any]]:
-        if self.minimises_time():
-            return self._timed_plan(args, kwargs)
-        argnums = normalize_argnums(self.argnums, len(args))
-        traced = trace(self.fn, args, kwargs, argnums, self.unroll_scans)
+    def _make_plan(self, call: Call) -> Planned:
+        """The plan of ``call``'s search (the plan cache's way in is :func:`remat_opt._restore.cached_plan`)."""
+        options = call.options
+        if options.minimises_time():
+            return self._timed_plan(call)
+        traced = trace(self.fn, call.args, call.kwargs, call.argnums, options.unroll_scans)
         # fn as written, loops whole: what a plain plan and the loop plans run.
-        whole = trace(self.fn, args, kwargs, argnums) if traced.unrolled_scans else traced
-        nums = grad_argnums(argnums)
-        refused = floor_refusal(self.fn, args, kwargs, nums, self.has_aux, self.budget_bytes)
+        whole = call.whole_as(traced)
+        refused = floor_refusal(self.fn, call.args, call.kwargs, call.nums, call.has_aux, call.budget)
         if refused is not None:  # under the step's arguments and outputs: no search can help (remat_opt._floor)
             raise refused
         # A model written as one shard_map: its body is what is planned, per device (program._manual).
         traced = planned_body(traced) or traced
         # On a mesh, values take one device's bytes and collectives their cost (memory._sharded).
-        graph, partitioned = sharded_graph(build_graph(traced, self.cost_model), self.fn, args, kwargs, nums,
-                                           self.has_aux, self.interconnect)
+        graph, partitioned = sharded_graph(build_graph(traced, options.cost_model), self.fn, call.args, call.kwargs,
+                                           call.nums, call.has_aux, options.links)
         # XLA's account of the program: what no rule of the model knows, the
         # gradients it sums from partials held to the end, and each transpose's scratch.
-        compiled = read_plain(self.fn, traced, args, kwargs, nums, self.has_aux) if self.xla_facts else None
-        if not self.xla_facts:
+        compiled = read_plain(self.fn, traced, call.args, call.kwargs, call.nums, call.has_aux) \
+            if options.xla_facts else None
+        if not options.xla_facts:
             check_known(graph)
         graph = with_memory_facts(graph, compiled)
 
         collectives: dict[int, int] = {}  # on a mesh, per measured program's id: XLA's collective bytes
         on_mesh = collectives if partitioned is not None else None
         # Candidates are compiled for their figures only; the plan returned, as the user's jit compiles it.
-        measure = progress.measuring(measurer(args, kwargs, nums, self.has_aux, on_mesh, figures_only=True))
-        verify = progress.measuring(measurer(args, kwargs, nums, self.has_aux, on_mesh))
-
-        # The program's key at any budget: what an earlier search of it measured lowest (remat_opt._lowest).
-        lowest_key = plan_key(whole, None, options_of(self, argnums), layout_of(args, kwargs, self.interconnect),
-                              derivative_text(whole, self.fn, args, kwargs, nums, self.has_aux))
-        self._front_key = lowest_key  # every schedule measured joins the program's front (remat_opt._front)
-
-        def search(measure: Callable[[Callable[..., Any]], int]) -> tuple[Plan, Callable[..., Any]]:
-            return self._search(traced, whole, graph, args, kwargs, argnums, nums, measure, compiled, lowest_key)
-
-        try:
-            planned = verified(search(measure), verify, self.budget_bytes, lambda: search(verify))  # stages: _progress
+        measure = progress.measuring(measurer(call.args, call.kwargs, call.nums, call.has_aux, on_mesh,
+                                              figures_only=True))
+        verify = progress.measuring(measurer(call.args, call.kwargs, call.nums, call.has_aux, on_mesh))
+        # The program's key at any budget: what an earlier search of it measured lowest (remat_opt._lowest),
+        # and the front every schedule measured joins (remat_opt._front).
+        model = Modelled(traced, whole, graph, compiled, call.key(None))
+        try:  # stages: _progress
+            planned = verified(self._search(call, model, measure), verify, call.budget,
+                               lambda: self._search(call, model, verify))
         except InfeasibleBudgetError as err:
             if partitioned is None:
                 raise
-            raise per_device_error(err, args, kwargs, partitioned) from err
+            raise per_device_error(err, call.args, call.kwargs, partitioned) from err
         plan, program = planned
         if plan.strategy == "remat_opt" and plan.loop_plan is None and plan.whole_policy is None \
                 and plan.schedule is not None and not plan.schedule.plain:
-            remember(lowest_key, measured_peak_of(plan), plan.schedule, None, qualified_name(self.fn))
+            remember(model.key, measured_peak_of(plan), plan.schedule, None, qualified_name(self.fn))
         if partitioned is None:
             return planned
         return with_collectives(plan, graph, partitioned, collectives[id(program)], collectives[id(self.fn)],
-                                self.interconnect), program
+                                options.links), program
 
-    def _search(self, traced: TracedProgram, whole: TracedProgram, graph: ProgramGraph, args: tuple, kwargs: dict,
-                argnums: tuple[int, ...], nums: Any, measure: Callable[[Callable[..., Any]], int],
-                compiled: Any, lowest_key: str) -> tuple[Plan, Callable[..., Any]]:
+    def _search(self, call: Call, model: Modelled, measure: Measure) -> Planned:
         """The plan that fits with the fewest recomputed FLOPs, of all strategies measured."""
-        baseline_flops = gradient_flops(self.fn, args, kwargs, nums, self.cost_model, self.has_aux)
+        baseline_flops = _flops(call, self.fn)
         progress.stage("measuring the plain step")
-        graph, whole_graph, plain_peak = self._calibrated(traced, whole, graph, compiled, measure)
-        budget = self.budget_bytes
+        graph, whole_graph, plain_peak = self._calibrated(call, model, measure)
+        run = Search(call, model, graph, whole_graph, measure, baseline_flops, plain_peak)
+        budget = call.budget
         if budget >= plain_peak:  # fn runs as written, loops and all: model that program
             sim = simulate(whole_graph, Schedule(plain=True))
-            plan = self._plan(whole_graph, sim, Schedule(plain=True), plain_peak, plain_peak, 0, baseline_flops,
-                              "PLAIN", 0.0, 0.0, 0)
-            return plan, self.fn
+            return self._plan(run, whole_graph, sim, Schedule(plain=True),
+                              Outcome(plain_peak, 0, "PLAIN", 0.0, 0.0, 0)), self.fn
 
         # FLOP counts are kept under the program's key (remat_opt._counted), where it names the cost model.
-        count_key = lowest_key if names_cost_model(self.cost_model) else None
+        count_key = model.key if names_cost_model(call.options.cost_model) else None
         # jax.checkpoint around fn with a built-in policy that recomputes nothing:
         # when XLA fits it (it can keep less than fn as written), nothing beats it.
         progress.stage("JAX's policies")
-        policies = counted_policies(self.fn, args, kwargs, nums, self.cost_model, self.has_aux, baseline_flops,
-                                    count_key)
+        policies = counted_policies(self.fn, call.args, call.kwargs, call.nums, call.options.cost_model,
+                                    call.has_aux, baseline_flops, count_key)
         free = measured_policies(policies, budget, measure, below_flops=1)
         if free and free[-1].measured <= budget:
-            return self._policy_plan(whole_graph, free[-1], plain_peak, baseline_flops, 0.0)
+            return self._policy_plan(run, free[-1], 0.0)
 
-        loops, best_loop, loop_seconds = self._loop_stage(whole, whole_graph, args, kwargs, argnums, nums, measure,
-                                                          baseline_flops, plain_peak)
+        loops, best_loop, loop_seconds = self._loop_stage(run)
         # Only a schedule cheaper than what already fits is worth measuring: than the
         # best loop plan (a schedule as cheap wins the tie), then than CP-SAT's.
         loop_ceiling = measured_flops_of(best_loop[0]) + 1 if best_loop is not None else None
         clock = SolverClock()
         try:
-            steering = self._steering(graph, args, kwargs, nums, measure, baseline_flops, plain_peak)
-            planned = steered_plan(graph, budget, loop_ceiling, clock, steering)
+            planned = steered_plan(graph, budget, loop_ceiling, clock, self._steering(run))
         except InfeasibleBudgetError as err:
             planned, infeasible = None, err
         planned_flops = planned[0].measured_recompute_flops if planned is not None else None
         ceiling = min((c for c in (planned_flops, loop_ceiling) if c is not None), default=None)
-        other, lowest_other = self._measured_schedules(graph, budget, ceiling, measure, args, kwargs, nums,
-                                                       baseline_flops, plain_peak, count_key)
+        other, lowest_other = self._measured_schedules(run, ceiling, count_key)
         # The fewest recomputed FLOPs wins; on a tie, CP-SAT's schedule, then the others,
         # then a whole-function policy (measured only when it recomputes less).
         choices = [p for p in (planned, other, best_loop) if p is not None]
         best = min(choices, key=lambda p: measured_flops_of(p[0]), default=None)
         # A keep-set found on XLA's figures (solve._keep_sets), and a schedule an earlier
         # search of this program measured within this budget (remat_opt._front), if cheaper.
-        best = self._keep_set_plan(graph, budget, best, measure, args, kwargs, nums, baseline_flops,
-                                   plain_peak) or best
-        best = self._from_front(lowest_key, graph, budget, best, measure, args, kwargs, nums, baseline_flops,
-                                plain_peak) or best
+        best = self._keep_set_plan(run, best) or best
+        best = self._from_front(run, best) or best
         ceiling = None if best is None else measured_flops_of(best[0])
         # The per-layer policies a user writes (remat_opt._layer_policies): only one that recomputes less.
-        best = self._layer_policy_plan(whole, whole_graph, args, kwargs, nums, measure, ceiling, baseline_flops,
-                                       plain_peak) or best
+        best = self._layer_policy_plan(run, ceiling) or best
         ceiling = None if best is None else measured_flops_of(best[0])
         tried = [*free, *measured_policies(policies, budget, measure, below_flops=ceiling, above_flops=0,
                                            admit=lambda p: within_reach(whole_graph, p, budget, self.MODEL_SLACK))]
         seconds = clock.seconds + loop_seconds  # every solve of this call, whichever wins
         if tried and tried[-1].measured <= budget:
-            return self._policy_plan(whole_graph, tried[-1], plain_peak, baseline_flops, seconds)
+            return self._policy_plan(run, tried[-1], seconds)
         if best is not None:
             return dataclasses.replace(best[0], solve_seconds=seconds), best[1]
-        known = self._recalled(lowest_key, graph, budget, measure, args, kwargs, nums, baseline_flops, plain_peak)
+        known = self._recalled(run)
         if known is not None:
             return known
         tried += unmeasured_policies(policies, tried, budget, measure)
         if tried and tried[-1].measured <= budget:
-            return self._policy_plan(whole_graph, tried[-1], plain_peak, baseline_flops, seconds)
-        raise self._nothing_fits(lowest_key, budget, infeasible, loops, tried, lowest_other)
+            return self._policy_plan(run, tried[-1], seconds)
+        raise self._nothing_fits(run, infeasible, loops, tried, lowest_other)
 
-    def _layer_policy_plan(self, whole: TracedProgram, whole_graph: ProgramGraph, args: tuple, kwargs: dict,
-                           nums: Any, measure: Callable[[Callable[..., Any]], int], below_flops: int | None,
-                           baseline_flops: int, plain_peak: int) -> tuple[Plan, Callable[..., Any]] | None:
+    def _layer_policy_plan(self, run: Search, below_flops: int | None) -> Planned | None:
         """The fenced per-layer built-in policy that XLA fits with the fewest FLOPs, if it recomputes
         fewer than ``below_flops``; the model does not describe its program (no prediction). Not on
         a mesh: its count on the jaxpr prices no recomputed collective, as the planner's plans are."""
-        if is_sharded(args, kwargs):
+        call = run.call
+        if is_sharded(call.args, call.kwargs):
             return None
         progress.stage("per-layer policies")
-        counted = counted_layer_policies(self.fn, whole, args, kwargs, nums, self.cost_model, self.has_aux,
-                                         baseline_flops)
-        found = cheapest_fitting(counted, self.budget_bytes, measure, below_flops)
+        counted = counted_layer_policies(self.fn, run.model.whole, call.args, call.kwargs, call.nums,
+                                         call.options.cost_model, call.has_aux, run.baseline_flops)
+        found = cheapest_fitting(counted, call.budget, run.measure, below_flops)
         if found is None:
             return None
-        status, gap = ("FEASIBLE", 1.0) if found.flops > 0 else ("OPTIMAL", 0.0)
-        plan = self._plan(whole_graph, simulate(whole_graph, Schedule(plain=True)), Schedule(plain=True),
-                          found.measured, plain_peak, found.flops, baseline_flops, status, gap, 0.0, 1)
+        plain = Schedule(plain=True)
+        plan = self._plan(run, run.whole_graph, simulate(run.whole_graph, plain), plain,
+                          Outcome.counted(found.measured, found.flops))
         return dataclasses.replace(plan, predicted_peak_bytes=None, recompute_flops=found.flops, segment_peaks=(),
                                    layer_plan=found.plan), found.program
 
-    def _calibrated(self, traced: TracedProgram, whole: TracedProgram, graph: ProgramGraph, compiled: Any,
-                    measure: Callable[[Callable[..., Any]], int]) -> tuple[ProgramGraph, ProgramGraph, int]:
+    def _calibrated(self, call: Call, model: Modelled, measure: Measure) -> tuple[ProgramGraph, ProgramGraph, int]:
         """The planned graph and the graph of ``fn`` as written (loops whole), each
         calibrated on XLA's peak for its program as written; and fn's own peak."""
         # fn's own: the program read for the facts, re-evaluated equation by equation, can peak elsewhere.
         plain_peak = measure(self.fn)
+        traced, compiled = model.traced, model.compiled
         logger.info("%s: %d equations, plain peak %s on XLA, budget %s", getattr(self.fn, "__name__", "fn"),
-                    len(traced.jaxpr.jaxpr.eqns), format_bytes(plain_peak), format_bytes(self.budget_bytes))
+                    len(traced.jaxpr.jaxpr.eqns), format_bytes(plain_peak), format_bytes(call.budget))
         # The model is calibrated on the flat program as written; with scans
         # unrolled, that is another program than fn (no loop, fused across
         # iterations), and usually a lower peak.
         flat_peak = plain_peak
         if traced.unrolled_scans:  # the flat program as written, which ``compiled`` is when read
-            flat_peak = compiled.peak_bytes if compiled else measure(self._program(graph, Schedule(plain=True)))
-        graph = calibrate(graph, flat_peak)
-        whole_graph = graph if traced is whole else calibrate(model_graph(whole, self.cost_model), plain_peak)
+            flat_peak = compiled.peak_bytes if compiled else measure(self._program(model.graph,
+                                                                                   Schedule(plain=True)))
+        graph = calibrate(model.graph, flat_peak)
+        whole_graph = graph if traced is model.whole else calibrate(model_graph(model.whole, call.options.cost_model),
+                                                                    plain_peak)
         return graph, whole_graph, plain_peak
 
-    def _loop_stage(self, whole: TracedProgram, whole_graph: ProgramGraph, args: tuple, kwargs: dict,
-                    argnums: tuple[int, ...], nums: Any, measure: Callable[[Callable[..., Any]], int],
-                    baseline_flops: int, plain_peak: int
-                    ) -> tuple[list[LoopCandidate], tuple[Plan, Callable[..., Any]] | None, float]:
+    def _loop_stage(self, run: Search) -> tuple[list[LoopCandidate], Planned | None, float]:
         """The loop plans of fn's scans kept as loops (:mod:`remat_opt._loop_planning`), each
         measured or counted; the cheapest that XLA fits, as a plan, if any; and the seconds CP-SAT
         spent choosing the bodies' saved values."""
 
         def make_plan(graph, sim, measured, flops, status, gap, seconds, attempts):
-            return self._plan(graph, sim, Schedule(plain=True), measured, plain_peak, flops, baseline_flops,
-                              status, gap, seconds, attempts)
+            return self._plan(run, graph, sim, Schedule(plain=True),
+                              Outcome(measured, flops, status, gap, seconds, attempts))
 
-        budget = self.budget_bytes
+        call, budget = run.call, run.call.budget
         progress.stage("loop plans")
-        search = LoopSearch(self.fn, whole, args, kwargs, argnums, nums, self.cost_model, self.has_aux,
-                            whole_graph.plain_storage_scale, baseline_flops, budget, measure, make_plan)
+        search = LoopSearch(self.fn, run.model.whole, call.args, call.kwargs, call.argnums, call.nums,
+                            call.options.cost_model, call.has_aux, run.whole_graph.plain_storage_scale,
+                            run.baseline_flops, budget, run.measure, make_plan)
         # CP-SAT's body plans first: a built-in loop plan is measured only if it recomputes less.
-        bodies = body_plans(search, self.solver_options, self.max_attempts)
+        bodies = body_plans(search, call.options.solver, call.options.max_attempts)
         body_ceiling = min((c.flops for c in bodies if c.measured <= budget), default=None)
         nothing_flops = bodies[0].flops if bodies else 0  # the loop saving nothing in the body comes first
         loops = [*bodies, *loop_plans(search, body_ceiling, nested_floor=nothing_flops)]
@@ -341,15 +370,15 @@ class OptimizedFunction:
         best_loop = None if cheapest is None else (search.plan(cheapest), cheapest.program)
         return loops, best_loop, sum(c.seconds for c in bodies)
 
-    def _nothing_fits(self, lowest_key: str, budget: int, infeasible: InfeasibleBudgetError,
-                      loops: list[LoopCandidate], tried: list,
-                      lowest_other: tuple[Plan, Callable[..., Any]] | None) -> InfeasibleBudgetError:
+    def _nothing_fits(self, run: Search, infeasible: InfeasibleBudgetError, loops: list[LoopCandidate],
+                      tried: list, lowest_other: Planned | None) -> InfeasibleBudgetError:
         """The error when nothing fits: it names the lowest peak XLA measured for any plan
         of this search (loop plans, whole-function policies, outside schedules, CP-SAT's
         lowest-memory schedules), the same whatever ran before; a lower peak an earlier plan
         of this program measured is said beside it. The lowest measured schedules are kept
         for a later call (:mod:`remat_opt._lowest`)."""
-        directory, name = cache_directory(self.cache), qualified_name(self.fn)
+        lowest_key, budget = run.model.key, run.call.budget
+        directory, name = cache_directory(run.call.options.cache), qualified_name(self.fn)
         earlier = lowest_kept(lowest_key, directory)  # what earlier plans of this program measured
         if infeasible.schedule is not None:
             remember(lowest_key, infeasible.min_budget_bytes, infeasible.schedule, directory, name)
@@ -374,56 +403,47 @@ class OptimizedFunction:
                                          schedule=infeasible.schedule)
         return infeasible
 
-    def _recalled(self, key: str, graph: ProgramGraph, budget: int, measure: Callable[[Callable[..., Any]], int],
-                  args: tuple, kwargs: dict, nums: Any, baseline_flops: int,
-                  plain_peak: int) -> tuple[Plan, Callable[..., Any]] | None:
+    def _recalled(self, run: Search) -> Planned | None:
         """The lowest-memory schedule an earlier search of this program measured, if XLA fits it
-        in ``budget`` (:mod:`remat_opt._lowest`): an error named its peak as a budget that works."""
-        schedule = recall(key, budget, cache_directory(self.cache))
+        in the budget (:mod:`remat_opt._lowest`): an error named its peak as a budget that works."""
+        schedule = recall(run.model.key, run.call.budget, cache_directory(run.call.options.cache))
         if schedule is None:
             return None
-        program = self._program(graph, schedule)
-        measured = measure(program)
+        program = self._program(run.graph, schedule)
+        measured = run.measure(program)
         logger.info("the lowest-memory schedule of an earlier search: measured %s", format_bytes(measured))
-        if measured > budget:
+        if measured > run.call.budget:
             return None
-        return self._finish(graph, simulate(graph, schedule), schedule, measured, plain_peak, program, args, kwargs,
-                            nums, baseline_flops, "FEASIBLE", 1.0, 0.0, 1)
+        return self._finish(run, simulate(run.graph, schedule), schedule, program, Outcome(measured))
 
-    def _keep_set_plan(self, graph: ProgramGraph, budget: int, best: tuple[Plan, Callable[..., Any]] | None,
-                       measure: Callable[[Callable[..., Any]], int], args: tuple, kwargs: dict, nums: Any,
-                       baseline_flops: int, plain_peak: int) -> tuple[Plan, Callable[..., Any]] | None:
-        """The keep-set XLA fits in ``budget`` (:func:`remat_opt.solve._keep_sets.measured_keep_set`),
+    def _keep_set_plan(self, run: Search, best: Planned | None) -> Planned | None:
+        """The keep-set XLA fits in the budget (:func:`remat_opt.solve._keep_sets.measured_keep_set`),
         as a plan, if it recomputes less than ``best``; else ``None``. Not on a mesh: its greedy
         ranks the matmuls by FLOPs per byte and prices no collective gathered again."""
-        if is_sharded(args, kwargs):
+        if is_sharded(run.call.args, run.call.kwargs):
             return None
-        program_of = functools.cache(lambda schedule: self._program(graph, schedule))
-        found = measured_keep_set(graph, budget, lambda schedule: measure(program_of(schedule)))
+        program_of = functools.cache(lambda schedule: self._program(run.graph, schedule))
+        found = measured_keep_set(run.graph, run.call.budget, lambda schedule: run.measure(program_of(schedule)))
         if found is None:
             return None
         schedule, measured = found
-        plan = self._finish(graph, simulate(graph, schedule), schedule, measured, plain_peak, program_of(schedule),
-                            args, kwargs, nums, baseline_flops, "FEASIBLE", 1.0, 0.0, 1)
+        plan = self._finish(run, simulate(run.graph, schedule), schedule, program_of(schedule), Outcome(measured))
         logger.info("keep-set measured on XLA: %s, %s FLOPs recomputed", format_bytes(measured),
                     f"{measured_flops_of(plan[0]):,}")
         return plan if best is None or measured_flops_of(plan[0]) < measured_flops_of(best[0]) else None
 
-    def _from_front(self, key: str, graph: ProgramGraph, budget: int, best: tuple[Plan, Callable[..., Any]] | None,
-                    measure: Callable[[Callable[..., Any]], int], args: tuple, kwargs: dict, nums: Any,
-                    baseline_flops: int, plain_peak: int) -> tuple[Plan, Callable[..., Any]] | None:
-        """The plan of the program's front (:mod:`remat_opt._front`) that fits ``budget`` with
+    def _from_front(self, run: Search, best: Planned | None) -> Planned | None:
+        """The plan of the program's front (:mod:`remat_opt._front`) that fits the budget with
         fewer recomputed FLOPs than ``best``, if XLA confirms it; else ``None``."""
-        point = _front.cheapest(key, budget, cache_directory(self.cache))
+        point = _front.cheapest(run.model.key, run.call.budget, cache_directory(run.call.options.cache))
         if point is None or (best is not None and point.flops >= measured_flops_of(best[0])):
             return None
-        program = self._program(graph, point.schedule)
-        measured = measure(program)  # compiled before in this process: its figures are kept
+        program = self._program(run.graph, point.schedule)
+        measured = run.measure(program)  # compiled before in this process: its figures are kept
         logger.info("the front's schedule for this budget: measured %s", format_bytes(measured))
-        if measured > budget:
+        if measured > run.call.budget:
             return None
-        return self._finish(graph, simulate(graph, point.schedule), point.schedule, measured, plain_peak, program,
-                            args, kwargs, nums, baseline_flops, "FEASIBLE", 1.0, 0.0, 1)
+        return self._finish(run, simulate(run.graph, point.schedule), point.schedule, program, Outcome(measured))
 
     RETRY_MARGIN = 100
     """A re-solve's target is under the last one by the overshoot plus 1/RETRY_MARGIN of the budget."""
@@ -442,11 +462,9 @@ class OptimizedFunction:
     measuring: it over-predicts heavily segmented plans (on attention models by up to
     a fifth), and a plan XLA fits is a plan."""
 
-    def _measured_schedules(self, graph: ProgramGraph, budget: int, ceiling_flops: int | None,
-                            measure: Callable[[Callable[..., Any]], int], args: tuple, kwargs: dict, nums: Any,
-                            baseline_flops: int, plain_peak: int, count_key: str | None
-                            ) -> tuple[tuple[Plan, Callable[..., Any]] | None, tuple[Plan, Callable[..., Any]] | None]:
-        """The cheapest schedule outside CP-SAT's search that XLA fits in ``budget``
+    def _measured_schedules(self, run: Search, ceiling_flops: int | None, count_key: str | None
+                            ) -> tuple[Planned | None, Planned | None]:
+        """The cheapest schedule outside CP-SAT's search that XLA fits in the budget
         with fewer recomputed FLOPs than ``ceiling_flops``, if any; and the
         lowest-memory one XLA measured, for the error when nothing fits.
 
@@ -460,26 +478,27 @@ class OptimizedFunction:
         (:mod:`remat_opt._counted`; ``None``: not kept): a sweep of budgets counts each once.
         """
         started = time.perf_counter()
+        graph, budget = run.graph, run.call.budget
         # Each schedule's program built once: its gradient's trace (kept with the function,
         # traced_step) serves its FLOP count and its compile.
         program_of = functools.cache(lambda schedule: self._program(graph, schedule))
-        traced_flops = functools.cache(lambda schedule: counted_flops(count_key, schedule, lambda: gradient_flops(
-            program_of(schedule), args, kwargs, nums, self.cost_model, self.has_aux)) - baseline_flops)
+        traced_flops = functools.cache(lambda schedule: counted_flops(
+            count_key, schedule, lambda: _flops(run.call, program_of(schedule))) - run.baseline_flops)
         progress.stage("ranking other schedules")
         tiers = outside_tiers(graph, budget, ceiling_flops, self.MODEL_SLACK, self.MEASURED_CANDIDATES, traced_flops)
         seconds = time.perf_counter() - started
-        measured_plans: list[tuple[Plan, Callable[..., Any]]] = []
+        measured_plans: list[Planned] = []
         for tier in tiers:
             fitting = []
             for k, (schedule, sim) in enumerate(tier, 1):
                 progress.stage("other schedules: candidate", k, len(tier))
                 program = program_of(schedule)
-                measured = measure(program)
+                measured = run.measure(program)
                 logger.info("candidate %d/%d (%d-level schedule): measured %s, predicted %s", k, len(tier),
                             schedule.depth(), format_bytes(measured), format_bytes(sim.peak_bytes))
                 status, gap = ("FEASIBLE", 1.0) if sim.recompute_flops else ("OPTIMAL", 0.0)
-                plan = (self._plan(graph, sim, schedule, measured, plain_peak, traced_flops(schedule),
-                                   baseline_flops, status, gap, seconds, len(measured_plans) + 1), program)
+                outcome = Outcome(measured, traced_flops(schedule), status, gap, seconds, len(measured_plans) + 1)
+                plan = (self._plan(run, graph, sim, schedule, outcome), program)
                 measured_plans.append(plan)
                 if measured <= budget:
                     fitting.append(plan)
@@ -489,75 +508,77 @@ class OptimizedFunction:
                 return min(fitting, key=lambda p: measured_flops_of(p[0])), None
         return None, min(measured_plans, key=lambda p: measured_peak_of(p[0]), default=None)
 
-    def _steering(self, graph: ProgramGraph, args: tuple, kwargs: dict, nums: Any,
-                  measure: Callable[[Callable[..., Any]], int], baseline_flops: int, plain_peak: int) -> Steering:
-        """This call's limits and stages, for CP-SAT's search steered by XLA (:mod:`remat_opt._steering`)."""
+    def _steering(self, run: Search) -> Steering:
+        """This search's limits and stages, for CP-SAT's search steered by XLA (:mod:`remat_opt._steering`)."""
 
         def finish(sim, schedule, measured, program, status, gap, seconds, attempts):
-            return self._finish(graph, sim, schedule, measured, plain_peak, program, args, kwargs, nums,
-                                baseline_flops, status, gap, seconds, attempts)
+            return self._finish(run, sim, schedule, program, Outcome(measured, None, status, gap, seconds, attempts))
 
-        return Steering(self.solver_options, self.max_attempts, self.RELAX_SLACK, self.RETRY_MARGIN,
-                        self.FALLBACK_CANDIDATES, self.MODEL_SLACK, functools.partial(self._program, graph),
-                        measure, finish, lambda schedule, measured: self._infeasible(graph, schedule, measured,
-                                                                                       plain_peak))
+        options = run.call.options
+        return Steering(options.solver, options.max_attempts, self.RELAX_SLACK, self.RETRY_MARGIN,
+                        self.FALLBACK_CANDIDATES, self.MODEL_SLACK, functools.partial(self._program, run.graph),
+                        run.measure, finish, functools.partial(self._infeasible, run))
 
-    def _policy_plan(self, graph: ProgramGraph, candidate: PolicyCandidate, plain_peak: int, baseline_flops: int,
-                     solve_seconds: float) -> tuple[Plan, Callable[..., Any]]:
+    def _policy_plan(self, run: Search, candidate: PolicyCandidate, solve_seconds: float) -> Planned:
         """The plan of a measured whole-function policy; the model does not describe its program."""
-        status, gap = ("FEASIBLE", 1.0) if candidate.flops > 0 else ("OPTIMAL", 0.0)
-        plan = self._plan(graph, simulate(graph, Schedule(plain=True)), Schedule(plain=True), candidate.measured,
-                          plain_peak, candidate.flops, baseline_flops, status, gap, solve_seconds, 1)
+        plain = Schedule(plain=True)
+        plan = self._plan(run, run.whole_graph, simulate(run.whole_graph, plain), plain,
+                          Outcome.counted(candidate.measured, candidate.flops, solve_seconds))
         plan = dataclasses.replace(plan, predicted_peak_bytes=None, recompute_flops=candidate.flops,
                                    segment_peaks=(), whole_policy=candidate.policy)
         return plan, candidate.program
 
     def _program(self, graph: ProgramGraph, schedule: Schedule) -> Callable[..., Any]:
         """``fn`` under ``schedule``, as this function's options rewrite it."""
-        return apply_schedule(self.fn, graph, schedule, compute_saved_once=self.compute_saved_once)
+        return apply_schedule(self.fn, graph, schedule, compute_saved_once=self.options.compute_saved_once)
 
-    def _finish(self, graph: ProgramGraph, sim: Simulation, schedule: Schedule, measured: int, plain_peak: int,
-                program: Callable[..., Any], args: tuple, kwargs: dict, nums: Any, baseline_flops: int,
-                status: str, gap: float, solve_seconds: float, attempts: int) -> tuple[Plan, Callable[..., Any]]:
-        measured_flops = gradient_flops(program, args, kwargs, nums, self.cost_model, self.has_aux) - baseline_flops
-        plan = self._plan(graph, sim, schedule, measured, plain_peak, measured_flops, baseline_flops,
-                          status, gap, solve_seconds, attempts)
-        return plan, program
+    def _finish(self, run: Search, sim: Simulation, schedule: Schedule, program: Callable[..., Any],
+                outcome: Outcome) -> Planned:
+        """The plan of ``program``, ``schedule`` on the planned graph (``sim``: its simulation), with
+        the FLOPs its jaxpr recomputes counted."""
+        outcome = dataclasses.replace(outcome, flops=_flops(run.call, program) - run.baseline_flops)
+        return self._plan(run, run.graph, sim, schedule, outcome), program
 
-    def _infeasible(
-        self, graph: ProgramGraph, schedule: Schedule, measured: int, plain_peak: int
-    ) -> InfeasibleBudgetError:
+    def _infeasible(self, run: Search, schedule: Schedule, measured: int) -> InfeasibleBudgetError:
         """The error for a budget below reach: the lowest-memory plan's peak on XLA
         is the budget that works (XLA is the judge, not the model), unless the
         program as written peaks lower (remat cannot help it)."""
-        predicted = simulate(graph, schedule).peak_bytes
+        predicted = simulate(run.graph, schedule).peak_bytes
         detail = (f"(XLA measured {measured:,} bytes for the lowest-memory plan; "
                   f"the model predicted {predicted:,}.)")
-        if plain_peak < measured:
-            detail += f" The program as written peaks lower, at {plain_peak:,} bytes."
-        return InfeasibleBudgetError(self.budget_bytes, min(measured, plain_peak), detail=detail, schedule=schedule)
+        if run.plain_peak < measured:
+            detail += f" The program as written peaks lower, at {run.plain_peak:,} bytes."
+        return InfeasibleBudgetError(run.call.budget, min(measured, run.plain_peak), detail=detail,
+                                     schedule=schedule)
 
-    def _plan(self, graph: ProgramGraph, sim: Simulation, schedule: Schedule, measured: int,
-              plain_peak: int, measured_flops: int | None, baseline_flops: int, status: str,
-              gap: float, solve_seconds: float, attempts: int) -> Plan:
-        if self._front_key is not None and measured_flops is not None and not schedule.plain:
-            _front.add(self._front_key, measured, measured_flops, schedule, cache_directory(self.cache),
+    def _plan(self, run: Search, graph: ProgramGraph, sim: Simulation, schedule: Schedule,
+              outcome: Outcome) -> Plan:
+        """The plan of ``schedule`` on ``graph`` (``sim``: its simulation), as measured; a schedule
+        with its FLOPs counted joins the program's front (:mod:`remat_opt._front`)."""
+        options = run.call.options
+        if outcome.flops is not None and not schedule.plain:
+            _front.add(run.model.key, outcome.peak, outcome.flops, schedule, cache_directory(options.cache),
                        qualified_name(self.fn))
         return Plan(
             graph=annotate(graph, sim),
-            budget_bytes=self.budget_bytes,
+            budget_bytes=options.budget_bytes,
             predicted_peak_bytes=sim.peak_bytes,
-            measured_peak_bytes=measured,
-            plain_peak_bytes=plain_peak,
+            measured_peak_bytes=outcome.peak,
+            plain_peak_bytes=run.plain_peak,
             recompute_flops=sim.recompute_flops,
-            measured_recompute_flops=measured_flops,
-            baseline_flops=baseline_flops,
-            status=status,
-            gap=gap,
-            solve_seconds=solve_seconds,
-            attempts=attempts,
+            measured_recompute_flops=outcome.flops,
+            baseline_flops=run.baseline_flops,
+            status=outcome.status,
+            gap=outcome.gap,
+            solve_seconds=outcome.seconds,
+            attempts=outcome.attempts,
             schedule=schedule,
             jax_version=jax.__version__,
-            computed_once=len(once_values(graph, schedule)) if self.compute_saved_once else 0,
+            computed_once=len(once_values(graph, schedule)) if options.compute_saved_once else 0,
             segment_peaks=sim.segment_peaks,
         )
+
+
+def _flops(call: Call, program: Callable[..., Any]) -> int:
+    """FLOPs of ``program``'s gradient step on the call, as the cost model counts them on its jaxpr."""
+    return gradient_flops(program, call.args, call.kwargs, call.nums, call.options.cost_model, call.has_aux)

@@ -6,8 +6,9 @@ module rebuilds, for the function at hand, the program and the graph
 :class:`remat_opt.OptimizedFunction` made them for (a trace and a graph, no
 solve, no compile). A schedule's rebuilt program must recompute the FLOPs the
 entry says, and compute as many stored values once, or the entry is not trusted.
-:func:`cached_plan` is the planner's way in: an entry's plan, else a new one, then kept; a
-budget refused (:class:`remat_opt.InfeasibleBudgetError`) is kept too, and refused again at once.
+:func:`cached_plan` is the planner's way in, with the call (:class:`remat_opt._call.Call`)
+and its search: an entry's plan, else the search's, then kept; a budget refused
+(:class:`remat_opt.InfeasibleBudgetError`) is kept too, and refused again at once.
 """
 
 from __future__ import annotations
@@ -18,18 +19,14 @@ from typing import Any
 from ._cache import (
     CacheEntryError,
     cache_directory,
-    derivative_text,
     entry_layer_plan,
     entry_loop_plan,
     entry_path,
     entry_refusal,
     entry_schedule,
-    layout_of,
     names_cost_model,
-    options_of,
     plan_entry,
     plan_from_entry,
-    plan_key,
     plan_kind,
     qualified_name,
     read_entry,
@@ -38,81 +35,101 @@ from ._cache import (
     write_entry,
 )
 from . import _progress as progress
+from ._call import Call
 from ._errors import InfeasibleBudgetError
 from ._plan import Plan, annotate, measured_flops_of
+from ._schedule import Schedule, Simulation
 from .memory._facts import model_graph, unknown_of
 from .memory._measure import gradient_flops
 from .memory._once import once_values
 from .memory._sharded import is_sharded
 from .memory._simulate import simulate
 from .program._manual import planned_body
-from .program._trace import TracedProgram, grad_argnums, normalize_argnums, trace, with_signature
+from .program._graph import ProgramGraph
+from .program._trace import trace, with_signature
 from .rewrite._apply import apply_schedule
 from .rewrite._layers import layer_program
 from .rewrite._loops import loop_program
 from .rewrite._policies import policy_program
 
 
-def restored(optimized: Any, entry: dict, whole: TracedProgram, args: tuple, kwargs: dict,
-             argnums: tuple[int, ...]) -> tuple[Plan, Callable[..., Any]]:
-    """The plan and program of a cache entry for ``optimized`` (an
-    :class:`remat_opt.OptimizedFunction`), rebuilt as its planner built them.
+Planned = tuple[Plan, Callable[..., Any]]
+
+
+def restored(call: Call, entry: dict) -> Planned:
+    """The plan and program of a cache entry for ``call``, rebuilt as the planner built them.
 
     Raises:
         CacheEntryError: the entry holds a schedule outside the program traced
             now, or its rebuilt program counts other figures than it stores.
     """
-    fn, cost_model = optimized.fn, optimized.cost_model
+    fn, whole, options = call.fn, call.whole, call.options
     kind, schedule = entry["kind"], entry_schedule(entry)
     if kind == "loop":
         loop_plan = entry_loop_plan(entry)
         if loop_plan is None:
             raise CacheEntryError("is a loop plan's entry without a loop plan")
         program = with_signature(fn, whole, loop_program(whole, loop_plan))
-        graph = model_graph(trace(program, args, kwargs, argnums), cost_model)
+        graph = model_graph(trace(program, call.args, call.kwargs, call.argnums), options.cost_model)
     elif kind == "layers":
         layer_plan = entry_layer_plan(entry)
         if layer_plan is None or layer_plan.bounds[-1] != len(whole.jaxpr.jaxpr.eqns):
             raise CacheEntryError("holds no layer plan for the program traced now")
         program = with_signature(fn, whole, layer_program(whole, layer_plan))
-        graph = model_graph(whole, cost_model)
+        graph = model_graph(whole, options.cost_model)
     elif kind == "plain":
-        program, graph = fn, model_graph(whole, cost_model)
+        program, graph = fn, model_graph(whole, options.cost_model)
     elif kind == "policy":
-        program, graph = policy_program(fn, entry["plan"]["whole_policy"]), model_graph(whole, cost_model)
+        program, graph = policy_program(fn, entry["plan"]["whole_policy"]), model_graph(whole, options.cost_model)
     else:
-        scans = optimized.unroll_scans and any(e.primitive.name == "scan" for e in whole.jaxpr.jaxpr.eqns)
-        traced = trace(fn, args, kwargs, argnums, optimized.unroll_scans) if scans else whole
-        graph = model_graph(planned_body(traced) or traced, cost_model)  # a shard_map body's, as planned
-        if (any(not 0 <= c <= graph.num_positions for c in schedule.all_cuts())
-                or any(not 0 <= v < graph.num_nodes for v in schedule.saved)):
-            raise CacheEntryError("holds a schedule outside the program traced now")
-        program = apply_schedule(fn, graph, schedule, compute_saved_once=optimized.compute_saved_once)
+        program, graph = _scheduled(call, schedule)
     sim = simulate(graph, schedule)
     plan = plan_from_entry(entry, annotate(graph, sim))
-    if kind != "schedule":
-        return plan, program
-    once = len(once_values(graph, schedule)) if optimized.compute_saved_once else 0
-    stored, rebuilt = plan.recompute_flops, sim.recompute_flops
-    if is_sharded(args, kwargs):  # its model priced collectives off XLA's partitioned compile: check the jaxpr
-        nums = grad_argnums(argnums)
-        stored = measured_flops_of(plan)
-        rebuilt = gradient_flops(program, args, kwargs, nums, cost_model, optimized.has_aux) - plan.baseline_flops
-    if (rebuilt, once) != (stored, plan.computed_once):
-        raise CacheEntryError(f"counts {stored:,} FLOPs recomputed and {plan.computed_once} values computed "
-                              f"once; the program rebuilt from it {rebuilt:,} and {once}")
+    if kind == "schedule":
+        _check_counts(call, plan, program, graph, sim)
     return plan, program
 
 
-def cached_plan(optimized: Any, args: tuple, kwargs: dict) -> tuple[Plan, Callable[..., Any]]:
+def _scheduled(call: Call, schedule: Schedule) -> tuple[Callable[..., Any], ProgramGraph]:
+    """``fn`` rewritten under ``schedule``, on the graph the planner made it for (scans unrolled
+    as ``unroll_scans`` says, a shard_map's body), which must hold it."""
+    options, whole = call.options, call.whole
+    scans = options.unroll_scans and any(e.primitive.name == "scan" for e in whole.jaxpr.jaxpr.eqns)
+    traced = trace(call.fn, call.args, call.kwargs, call.argnums, options.unroll_scans) if scans else whole
+    graph = model_graph(planned_body(traced) or traced, options.cost_model)  # a shard_map body's, as planned
+    if (any(not 0 <= c <= graph.num_positions for c in schedule.all_cuts())
+            or any(not 0 <= v < graph.num_nodes for v in schedule.saved)):
+        raise CacheEntryError("holds a schedule outside the program traced now")
+    return apply_schedule(call.fn, graph, schedule, compute_saved_once=options.compute_saved_once), graph
+
+
+def _check_counts(call: Call, plan: Plan, program: Callable[..., Any], graph: ProgramGraph,
+                  sim: Simulation) -> None:
+    """Raises :class:`CacheEntryError` unless the program rebuilt from a schedule's entry
+    (``program``; ``sim``, its simulation on ``graph``) recomputes the FLOPs the entry
+    stores, and computes as many values once."""
+    if plan.schedule is None:
+        raise CacheEntryError("is a schedule's entry without a schedule")
+    once = len(once_values(graph, plan.schedule)) if call.options.compute_saved_once else 0
+    stored, flops = plan.recompute_flops, sim.recompute_flops
+    if is_sharded(call.args, call.kwargs):  # its model priced collectives off XLA's partitioned compile: the jaxpr
+        stored = measured_flops_of(plan)
+        flops = gradient_flops(program, call.args, call.kwargs, call.nums, call.options.cost_model,
+                               call.has_aux) - plan.baseline_flops
+    if (flops, once) != (stored, plan.computed_once):
+        raise CacheEntryError(f"counts {stored:,} FLOPs recomputed and {plan.computed_once} values computed "
+                              f"once; the program rebuilt from it {flops:,} and {once}")
+
+
+def cached_plan(call: Call, new_plan: Callable[[Call], Planned]) -> Planned:
     """The plan of :func:`cached_or_new_plan`, its progress shown while it takes time (:mod:`remat_opt._progress`)."""
-    with progress.planning(getattr(optimized.fn, "__name__", "fn"), optimized.budget_bytes):
-        return cached_or_new_plan(optimized, args, kwargs)
+    with progress.planning(getattr(call.fn, "__name__", "fn"), call.budget):
+        return cached_or_new_plan(call, new_plan)
 
 
-def cached_or_new_plan(optimized: Any, args: tuple, kwargs: dict) -> tuple[Plan, Callable[..., Any]]:
-    """The plan of a trusted entry of ``optimized``'s persistent cache, else
-    the one its planner makes (``optimized._make_plan``), then kept there.
+def cached_or_new_plan(call: Call, new_plan: Callable[[Call], Planned]) -> Planned:
+    """The plan of a trusted entry of the persistent cache for ``call``, else
+    the one ``new_plan`` makes (the planner's search), then kept there.
 
     Loading traces the function and builds its graph, and rewrites it from the
     stored decisions: no solver call, no compile. The plan keeps the figures
@@ -123,21 +140,18 @@ def cached_or_new_plan(optimized: Any, args: tuple, kwargs: dict) -> tuple[Plan,
     that is not a dataclass is named in the key by its type alone, so its plans
     are neither read nor kept (a :class:`CacheWarning` says so once).
     """
-    directory = cache_directory(optimized.cache)
+    options = call.options
+    directory = cache_directory(options.cache)
     if directory is None:
-        return optimized._make_plan(args, kwargs)
-    if not names_cost_model(optimized.cost_model):
+        return new_plan(call)
+    if not names_cost_model(options.cost_model):
         # The key names such a cost model by its type alone: two of one type would share plans.
-        model_type = type(optimized.cost_model)
+        model_type = type(options.cost_model)
         report(directory, f"keeps no plan of a cost model that is not a dataclass ({model_type.__module__}."
                f"{model_type.__qualname__}): the key cannot tell two of them apart. Make it a dataclass whose "
                "fields set its costs to have its plans kept.")
-        return optimized._make_plan(args, kwargs)
-    argnums = normalize_argnums(optimized.argnums, len(args))
-    whole = trace(optimized.fn, args, kwargs, argnums)
-    key = plan_key(whole, optimized.budget_bytes, options_of(optimized, argnums),
-                   layout_of(args, kwargs, optimized.interconnect),
-                   derivative_text(whole, optimized.fn, args, kwargs, grad_argnums(argnums), optimized.has_aux))
+        return new_plan(call)
+    key = call.key(call.budget)
     entry = read_entry(directory, key)
     if entry is not None and entry["kind"] == "refused":
         try:
@@ -148,13 +162,13 @@ def cached_or_new_plan(optimized: Any, args: tuple, kwargs: dict) -> tuple[Plan,
             raise refusal
     elif entry is not None:
         try:
-            return restored(optimized, entry, whole, args, kwargs, argnums)
+            return restored(call, entry)
         except (LookupError, TypeError, ValueError) as err:  # an entry that does not rebuild is not trusted
             report(entry_path(directory, key), f"does not rebuild ({type(err).__name__}: {err}); planning again.")
     try:
-        plan, program = optimized._make_plan(args, kwargs)
+        plan, program = new_plan(call)
     except InfeasibleBudgetError as err:  # kept like a plan: the same question is answered at once
-        write_entry(directory, key, refusal_entry(err, qualified_name(optimized.fn)))
+        write_entry(directory, key, refusal_entry(err, qualified_name(call.fn)))
         raise
     kind = plan_kind(plan)
     # Not kept: a schedule whose model took XLA's account of primitives no rule
@@ -162,6 +176,6 @@ def cached_or_new_plan(optimized: Any, args: tuple, kwargs: dict) -> tuple[Plan,
     # could rewrite another program than the one measured). A loop plan's or a
     # whole-function policy's program does not depend on the graph.
     unknown = unknown_of(p for _, p in plan.graph.nodes(data="primitive") if p != "input")
-    if kind is not None and not (kind not in ("loop", "policy") and optimized.xla_facts and unknown):
-        write_entry(directory, key, plan_entry(plan, kind, qualified_name(optimized.fn)))
+    if kind is not None and not (kind not in ("loop", "policy") and options.xla_facts and unknown):
+        write_entry(directory, key, plan_entry(plan, kind, qualified_name(call.fn)))
     return plan, program

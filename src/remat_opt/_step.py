@@ -40,10 +40,11 @@ from typing import Any, NamedTuple
 
 import jax
 
-from ._api import check_count, optimize
+from ._api import optimize
 from ._budget import format_bytes, parse_bytes
 from ._errors import InfeasibleBudgetError, InvalidOptionError, InvalidOptionTypeError, short_repr
 from ._optimize import OptimizedFunction
+from ._options import check_count
 from ._plan import Plan, measured_peak_of
 from .memory._compiles import peak_as_jit_compiles
 from .memory._measure import abstract, memory_of, peak_bytes
