@@ -202,3 +202,19 @@ def test_a_larger_budget_is_never_answered_by_a_slower_plan(mlp_args):
     # The smaller budget's plan fits the larger one too, and is among its candidates, with its time.
     assert any(t.label == smaller.timed[0].label and t.step_seconds == smaller.step_seconds for t in larger.timed)
     assert larger.step_seconds <= smaller.step_seconds
+
+
+def test_a_device_too_small_for_every_candidate_is_refused_saying_so(mlp_args, monkeypatch):
+    def no_room(compiled):
+        raise RuntimeError("RESOURCE_EXHAUSTED: Ran out of memory in memory space hbm")
+
+    monkeypatch.setattr(_timing, "memory_of", no_room)
+
+    def loss(params, x):  # a function of its own: nothing measured for it in this process
+        return residual_mlp(params, x)
+
+    budget = remat_opt.peak_bytes(residual_mlp, *mlp_args)
+    with pytest.raises(remat_opt.InfeasibleBudgetError) as err:
+        remat_opt.optimize(loss, budget, objective="time", cache=False).plan(*mlp_args)
+    assert err.value.min_budget_bytes > budget  # not "pass budget_bytes >= 0"
+    assert "could not fit any" in str(err.value) and "smaller batch" in str(err.value)

@@ -56,7 +56,8 @@ import jax
 
 from . import _progress as progress
 from ._budget import format_bytes
-from ._errors import InfeasibleBudgetError
+from ._errors import InfeasibleBudgetError, InvalidBudgetError
+from ._options import device_memory
 from ._plan import Plan, Timed, annotate
 from ._schedule import Schedule
 from .memory._facts import model_graph
@@ -387,8 +388,16 @@ def _measured(call: TimedCall) -> dict[str, tuple[Compiled, float | None, Candid
 
 def _nothing_fits(budget: int, tried: list[Candidate]) -> InfeasibleBudgetError:
     measured = [c for c in tried if c.peak_bytes is not None]
-    if not measured:
-        return InfeasibleBudgetError(budget, 0, detail="(XLA could not fit any candidate into the device.)")
+    if not measured:  # no budget this device holds is met: name one byte past its memory
+        try:
+            memory = device_memory()
+        except InvalidBudgetError:  # a device that reports no memory: past the budget asked
+            memory = None
+        beyond = (memory if memory is not None else budget) + 1
+        where = "the device" + (f" ({format_bytes(memory)})" if memory is not None else "")
+        return InfeasibleBudgetError(budget, beyond, detail=(
+            f"(XLA could not fit any of the step-time search's {len(tried)} candidates into {where}: "
+            "try a smaller batch, or a device with more memory.)"))
     lowest = min(measured, key=lambda c: c.peak_bytes or 0)
     peak = int(lowest.peak_bytes or 0)
     return InfeasibleBudgetError(budget, peak, detail=f"(the lowest peak XLA measured among the step-time "
