@@ -241,7 +241,7 @@ class _Search:
         least = self._uniform_of(measured).get(LADDER[0])
         if least is None or least.peak_bytes is None:
             return []
-        graph = time_graph(self.traced)
+        graph = _time_graph_of(self.call, "layers", self.traced)
         peaks = {str(p): c.peak_bytes for p, c in self._uniform_of(measured).items()}
         scale = _xla_bytes_per_model_byte(_dot_bytes(graph, self.layers.spans()), peaks, least.peak_bytes)
         allowance = (self.call.budget - least.peak_bytes) / scale
@@ -271,7 +271,7 @@ class _Search:
         if len(positions) != 1 or least is None:
             return []
         body = scan_body(self.traced, positions[0])
-        graph = time_graph(body.program)
+        graph = _time_graph_of(self.call, "body", body.program)
         model = {p: body.length * b for p, b in _dot_bytes(graph).items()}
         allowance = (self.call.budget - least) / (_xla_bytes_per_model_byte(model, peaks, least) * body.length)
         out: list[Candidate] = []
@@ -373,17 +373,33 @@ def _xla_bytes_per_model_byte(model_bytes: dict[str, int], peaks: dict[str, int 
 
 
 _MEASURED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_GRAPHS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _per_call(store: weakref.WeakKeyDictionary, call: TimedCall) -> dict:
+    """``store``'s dict for ``call.fn`` on these arguments (a fresh one each time for a function
+    that cannot be weakly referenced). Kept while the function lives."""
+    key = (signature(call.args, call.kwargs), repr(call.nums), call.has_aux, call.repeats, jax.default_backend())
+    try:
+        per_fn = store.setdefault(call.fn, {})
+    except TypeError:
+        return {}
+    return per_fn.setdefault(key, {})
 
 
 def _measured(call: TimedCall) -> dict[str, tuple[Compiled, float | None, Candidate]]:
     """What this process measured of ``call.fn``'s candidates on these arguments, by label: each
-    compile, its step time where one was run, and the candidate. Kept while the function lives."""
-    key = (signature(call.args, call.kwargs), repr(call.nums), call.has_aux, call.repeats, jax.default_backend())
-    try:
-        per_fn = _MEASURED.setdefault(call.fn, {})
-    except TypeError:  # not weakly referenceable: measured each time
-        return {}
-    return per_fn.setdefault(key, {})
+    compile, its step time where one was run, and the candidate."""
+    return _per_call(_MEASURED, call)
+
+
+def _time_graph_of(call: TimedCall, part: str, traced: TracedProgram) -> ProgramGraph:
+    """:func:`time_graph` of ``traced`` (``part`` of ``call``'s program: ``"layers"``, the whole, or
+    ``"body"``, its scan's body), built once per function and arguments in this process."""
+    graphs = _per_call(_GRAPHS, call)
+    if part not in graphs:
+        graphs[part] = time_graph(traced)
+    return graphs[part]
 
 
 def _nothing_fits(budget: int, tried: list[Candidate]) -> InfeasibleBudgetError:
