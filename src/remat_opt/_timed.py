@@ -238,11 +238,12 @@ class _Search:
         in all of them, in three quarters, and in all with the last layer as written."""
         if self.layers is None:
             return []
-        least = self._uniform_of(measured).get(LADDER[0])
+        uniform = self._uniform_of(measured)
+        least = uniform.get(LADDER[0])
         if least is None or least.peak_bytes is None:
             return []
         graph = _time_graph_of(self.call, "layers", self.traced)
-        peaks = {str(p): c.peak_bytes for p, c in self._uniform_of(measured).items()}
+        peaks = {str(p): c.peak_bytes for p, c in uniform.items()}
         scale = _xla_bytes_per_model_byte(_dot_bytes(graph, self.layers.spans()), peaks, least.peak_bytes)
         allowance = (self.call.budget - least.peak_bytes) / scale
         caps = [int(allowance), int(0.75 * allowance)]

@@ -119,12 +119,7 @@ def step_seconds(compiled: Compiled, inputs: tuple, repeats: int = 5) -> float |
         return None
     step_args, step_kwargs = inputs
     try:
-        jax.block_until_ready(compiled.executable(*step_args, **step_kwargs))
-        times = []
-        for _ in range(repeats):
-            started = time.perf_counter()
-            jax.block_until_ready(compiled.executable(*step_args, **step_kwargs))
-            times.append(time.perf_counter() - started)
+        times = _run_times(lambda: compiled.executable(*step_args, **step_kwargs), repeats)
     except Exception as err:  # noqa: BLE001 - only the device's out-of-memory is a figure
         if not out_of_memory(err):
             raise
@@ -158,10 +153,16 @@ def device_ridge(dtype: Any = jnp.float32) -> float:
 
 def _seconds(fn: Callable[..., Any], *args: Any, repeats: int = 5) -> float:
     """The fastest of ``repeats`` timed runs of ``fn`` (after a warm-up)."""
-    jax.block_until_ready(fn(*args))
+    return min(_run_times(lambda: fn(*args), repeats))
+
+
+def _run_times(run: Callable[[], Any], repeats: int) -> list[float]:
+    """The wall times of ``repeats`` runs of ``run``, each to completion on the device, after one
+    run to warm up."""
+    jax.block_until_ready(run())
     times = []
     for _ in range(repeats):
         started = time.perf_counter()
-        jax.block_until_ready(fn(*args))
+        jax.block_until_ready(run())
         times.append(time.perf_counter() - started)
-    return min(times)
+    return times

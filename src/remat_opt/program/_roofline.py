@@ -29,19 +29,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from jax.extend.core import JaxprEqn, Var
+from jax.extend.core import JaxprEqn
 
+from ._graph import aval_bytes
 from ._cost import ELEMENTWISE_PRIMITIVES, FREE_PRIMITIVES, REDUCTION_PRIMITIVES, CostModel, FlopCostModel
 
 
 def _bytes(atoms: list) -> int:
-    total = 0
-    for atom in atoms:
-        aval = atom.aval if isinstance(atom, Var) else getattr(atom, "aval", None)
-        size, dtype = getattr(aval, "size", None), getattr(aval, "dtype", None)
-        if size is not None and dtype is not None:
-            total += int(size) * getattr(dtype, "itemsize", 0)
-    return total
+    return sum(aval_bytes(getattr(atom, "aval", None)) for atom in atoms)
 
 
 def bytes_moved(eqn: JaxprEqn) -> int:
