@@ -33,7 +33,7 @@ from ._floor import floor_refusal
 from ._forward import forward_mode
 from ._inputs import check_call
 from ._loop_planning import LoopCandidate, LoopSearch, body_plans, loop_plans
-from ._lowest import lowest_kept, recall, remember
+from ._lowest import recall, remember
 from ._mesh import laid_out, measurer, per_device_error, sharded_twin, with_collectives
 from . import _progress as progress
 from ._options import PlanOptions
@@ -41,7 +41,9 @@ from ._plan import Plan, annotate, measured_flops_of, measured_peak_of
 from ._policy_planning import (PolicyCandidate, counted_policies, measured_policies, unmeasured_policies,
                                within_reach)
 from ._restore import cached_plan
+from ._refusal import nothing_fits
 from ._schedule import Schedule, Simulation
+from ._search_state import Measure, Modelled, Outcome, Planned, Search
 from ._steering import Steering, steered_plan
 from ._timed import TimedCall, timed_plan
 from ._layer_policies import cheapest_fitting, counted_layer_policies
@@ -53,7 +55,7 @@ from .memory._sharded import is_sharded, sharded_graph, with_shardings
 from .memory._simulate import calibrate, simulate
 from .program._graph import ProgramGraph, build_graph
 from .program._manual import planned_body
-from .program._trace import TracedProgram, trace
+from .program._trace import trace
 from .rewrite._apply import apply_schedule
 from .solve._keep_sets import measured_keep_set
 from .solve._outside import outside_tiers
@@ -62,78 +64,6 @@ from .solve._solve import SolverClock
 logger = logging.getLogger("remat_opt")
 """Progress of a plan (stages, solves, measurements) at INFO level; silent unless configured,
 e.g. ``logging.basicConfig(level=logging.INFO)``."""
-
-
-Planned = tuple[Plan, Callable[..., Any]]
-Measure = Callable[[Callable[..., Any]], int]
-
-
-@dataclasses.dataclass(frozen=True)
-class Modelled:
-    """A call's program as the search plans it, before anything is measured.
-
-    Attributes:
-        traced: the program planned (scans unrolled up to ``unroll_scans``, a shard_map's body).
-        whole: ``fn`` as written, its scans whole: what a plain plan and the loop plans run.
-        graph: the model's graph of ``traced``, with XLA's facts and, on a mesh, one device's bytes.
-        compiled: XLA's account of ``fn`` as written (``None`` with ``xla_facts=False``).
-        key: the program's key at any budget (:mod:`remat_opt._lowest`, :mod:`remat_opt._front`).
-    """
-
-    traced: TracedProgram
-    whole: TracedProgram
-    graph: ProgramGraph
-    compiled: Any
-    key: str
-
-
-@dataclasses.dataclass(frozen=True)
-class Search:
-    """One search of a call: what every strategy is built, measured and judged with.
-
-    Attributes:
-        call: the question.
-        model: the program, as modelled.
-        graph: ``model.graph`` calibrated on XLA's peak of the flat program as written.
-        whole_graph: the graph of ``fn`` as written (scans whole), calibrated on its peak.
-        measure: XLA's peak of a program's gradient step.
-        baseline_flops: FLOPs of the plain gradient step.
-        plain_peak: XLA's peak of ``fn`` as written.
-    """
-
-    call: Call
-    model: Modelled
-    graph: ProgramGraph
-    whole_graph: ProgramGraph
-    measure: Measure
-    baseline_flops: int
-    plain_peak: int
-
-
-@dataclasses.dataclass(frozen=True)
-class Outcome:
-    """What a candidate measured on XLA, and how it was found.
-
-    Attributes:
-        peak: XLA's peak of its gradient step.
-        flops: the FLOPs it recomputes, counted on its jaxpr (``None``: not counted).
-        status, gap: the solver's (``"FEASIBLE"`` and 1: no bound, a schedule found outside CP-SAT).
-        seconds: seconds in CP-SAT.
-        attempts: solves, or candidates measured, until it fit.
-    """
-
-    peak: int
-    flops: int | None = None
-    status: str = "FEASIBLE"
-    gap: float = 1.0
-    seconds: float = 0.0
-    attempts: int = 1
-
-    @classmethod
-    def counted(cls, peak: int, flops: int, seconds: float = 0.0) -> Outcome:
-        """A measured candidate the solver did not bound: optimal when it recomputes nothing."""
-        status, gap = ("FEASIBLE", 1.0) if flops > 0 else ("OPTIMAL", 0.0)
-        return cls(peak, flops, status, gap, seconds)
 
 
 class OptimizedFunction:
@@ -306,7 +236,7 @@ class OptimizedFunction:
         tried += unmeasured_policies(policies, tried, budget, measure)
         if tried and tried[-1].measured <= budget:
             return self._policy_plan(run, tried[-1], seconds)
-        raise self._nothing_fits(run, infeasible, loops, tried, lowest_other)
+        raise nothing_fits(run, self.fn, infeasible, loops, tried, lowest_other)
 
     def _layer_policy_plan(self, run: Search, below_flops: int | None) -> Planned | None:
         """The fenced per-layer built-in policy that XLA fits with the fewest FLOPs, if it recomputes
@@ -369,39 +299,6 @@ class OptimizedFunction:
         cheapest = min((c for c in loops if c.measured <= budget), key=lambda c: c.flops, default=None)
         best_loop = None if cheapest is None else (search.plan(cheapest), cheapest.program)
         return loops, best_loop, sum(c.seconds for c in bodies)
-
-    def _nothing_fits(self, run: Search, infeasible: InfeasibleBudgetError, loops: list[LoopCandidate],
-                      tried: list, lowest_other: Planned | None) -> InfeasibleBudgetError:
-        """The error when nothing fits: it names the lowest peak XLA measured for any plan
-        of this search (loop plans, whole-function policies, outside schedules, CP-SAT's
-        lowest-memory schedules), the same whatever ran before; a lower peak an earlier plan
-        of this program measured is said beside it. The lowest measured schedules are kept
-        for a later call (:mod:`remat_opt._lowest`)."""
-        lowest_key, budget = run.model.key, run.call.budget
-        directory, name = cache_directory(run.call.options.cache), qualified_name(self.fn)
-        earlier = lowest_kept(lowest_key, directory)  # what earlier plans of this program measured
-        if infeasible.schedule is not None:
-            remember(lowest_key, infeasible.min_budget_bytes, infeasible.schedule, directory, name)
-        lowest = [(c.measured, f"{c.loop}") for c in loops]
-        lowest += [(c.measured, f"jax.checkpoint(fn, policy={c.policy})") for c in tried]
-        if lowest_other is not None and lowest_other[0].schedule is not None:  # a measured schedule
-            remember(lowest_key, measured_peak_of(lowest_other[0]), lowest_other[0].schedule, directory, name)
-            depth = lowest_other[0].schedule.depth()
-            lowest.append((measured_peak_of(lowest_other[0]),
-                           f"a nested schedule ({depth} levels)" if depth > 1 else "a Chen segmentation"))
-        peak, what = min(lowest, default=(infeasible.min_budget_bytes, ""))
-        # What earlier plans measured is said, not named as the figure: that stays this search's own.
-        note = "" if earlier is None or earlier[0] >= min(peak, infeasible.min_budget_bytes) else (
-            f" An earlier plan of this program measured {earlier[0]:,} bytes; that budget is planned too.")
-        if peak < infeasible.min_budget_bytes:
-            # One minimum, not two: the solver's own lowest is said here, not chained as a second error.
-            return InfeasibleBudgetError(budget, peak, detail=f"(XLA measured {peak:,} bytes for the lowest-memory "
-                                         f"plan: {what}; CP-SAT's lowest-memory schedule, "
-                                         f"{infeasible.min_budget_bytes:,}.){note}")
-        if note:
-            return InfeasibleBudgetError(budget, infeasible.min_budget_bytes, detail=infeasible.detail + note,
-                                         schedule=infeasible.schedule)
-        return infeasible
 
     def _recalled(self, run: Search) -> Planned | None:
         """The lowest-memory schedule an earlier search of this program measured, if XLA fits it
