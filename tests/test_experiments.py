@@ -113,10 +113,10 @@ def test_relaxed_bound_quick(tmp_path):
 
 
 def test_call_feedback_quick(tmp_path):
-    # One optimize call on a development random DAG that measures a candidate before its plan:
+    # One optimize call on a development program (an unrolled LSTM) that measures candidates before its plan:
     # the planner's log names each candidate's measured and predicted peak, and the script reads
     # the returned plan's among them (a changed log line would break it here).
-    out = run_script("call_feedback.py", "--programs", "random_dev_1000", "--fractions", "0.8",
+    out = run_script("call_feedback.py", "--programs", "lstm", "--fractions", "0.8",
                      "--out", str(tmp_path))
     assert "1 plans; 1 returned after another candidate was measured" in out
     (row,) = read_rows(tmp_path / "call_feedback.csv")

@@ -4,6 +4,7 @@ import dataclasses
 import itertools
 import logging
 
+import jax
 import jax.numpy as jnp
 import pytest
 
@@ -32,6 +33,7 @@ from remat_opt.solve._solve import (
     solve,
 )
 from remat_opt.program._trace import trace
+from remat_opt.zoo import GPTConfig, gpt
 
 
 def tiny_chain(ws, x):
@@ -308,11 +310,13 @@ def test_a_search_the_wall_clock_stops_is_reported(small_gpt, caplog):
     assert "wall-clock cap" in caplog.text
 
 
-def test_a_large_program_of_blocks_takes_the_decomposition_by_default(small_gpt):
+def test_a_large_program_of_blocks_takes_the_decomposition_by_default():
     """Above WHOLE_GRAPH_POSITIONS, a program of repeated layers gets the block
     decomposition's plan without the whole-graph CP-SAT (which did not improve
     it there); asked for, the whole-graph search runs from it and is no worse."""
-    loss, params, batch = small_gpt
+    config = GPTConfig(num_layers=4, d_model=64, num_heads=2, seq_len=64, batch=2, vocab=64)
+    params, batch = gpt.init(config, jax.random.PRNGKey(0))
+    loss = gpt.loss
     ref = reference(loss, (params, batch), {}, 0, 1 << 40, None)
     assert ref.graph.num_positions > WHOLE_GRAPH_POSITIONS
     budget = int(0.6 * ref.plain_peak_bytes)
