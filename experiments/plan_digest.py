@@ -7,7 +7,7 @@ figures) and a sha256 of all of them. Run it before and after a change that must
 move a plan; the outputs must be identical (same jax, same machine).
 ``--cache`` plans with the plan cache on, in a new folder, then loads each plan back in
 a new ``optimize``: the made plan's line and the loaded one's are printed (the persistent
-cache's path, :mod:`remat_opt._restore`).
+cache's path, :mod:`remat_opt.cache._restore`).
 
     PYTHONPATH=src python experiments/plan_digest.py [--cache]
 """

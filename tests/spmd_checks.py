@@ -55,7 +55,7 @@ except ImportError:
     from jax.experimental.shard_map import shard_map
 
 import remat_opt
-from remat_opt._cache import list_entries
+from remat_opt.cache._cache import list_entries
 from remat_opt.baselines._reference import policy_plan, reference
 from remat_opt.memory._measure import traced_step
 from remat_opt.memory._sharded import collective_bytes

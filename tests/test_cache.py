@@ -15,11 +15,11 @@ import pytest
 from jax import lax
 
 import remat_opt
-import remat_opt._mesh as mesh_module
-import remat_opt._optimize as optimize_module
-import remat_opt._steering as steering_module
+import remat_opt.planner._mesh as mesh_module
+import remat_opt.planner._optimize as optimize_module
+import remat_opt.planner._steering as steering_module
 from remat_opt import CacheWarning, peak_bytes
-from remat_opt._cache import list_entries
+from remat_opt.cache._cache import list_entries
 
 FAST = remat_opt.SolverOptions(time_limit_s=60.0, deterministic_time_limit=2.0, num_workers=2)
 

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import pytest
 
 from remat_opt import peak_bytes
-from remat_opt._mesh import measurer
+from remat_opt.planner._mesh import measurer
 from remat_opt.memory import _compiles
 from remat_opt.memory._compiled import read_compiled
 from remat_opt.memory._measure import gradient_step

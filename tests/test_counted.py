@@ -4,7 +4,8 @@ import jax.numpy as jnp
 import pytest
 
 import remat_opt
-from remat_opt import _counted, _optimize, _policy_planning
+from remat_opt.cache import _counted
+from remat_opt.planner import _optimize, _policy_planning
 from remat_opt.rewrite._policies import POLICIES
 
 

@@ -11,7 +11,7 @@ import pytest
 from jax import lax
 
 import remat_opt
-from remat_opt._loop_planning import LoopSearch
+from remat_opt.planner._loop_planning import LoopSearch
 from remat_opt.memory import model_graph
 from remat_opt.memory._measure import gradient_flops
 from remat_opt.rewrite._loops import LoopPlan, loop_candidates, loop_program, scan_lengths

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 import remat_opt
-from remat_opt import InfeasibleBudgetError, Schedule, _lowest, peak_bytes
+from remat_opt import InfeasibleBudgetError, Schedule, peak_bytes
+from remat_opt.cache import _lowest
 from remat_opt.baselines._reference import reference
 from remat_opt.memory import model_graph
 from remat_opt.memory._measure import abstract
@@ -202,7 +203,7 @@ def test_measured_slack_loosens_the_target(small_mlp, monkeypatch):
     # storage scaled by 1.3) over-predicts the first plan; fed back, the error
     # loosens the target, and the plan that wins recomputes less than the
     # first one that fit, still within the budget.
-    import remat_opt._optimize as optimize_module
+    import remat_opt.planner._optimize as optimize_module
 
     fn, params, x = small_mlp
     plain = peak_bytes(fn, params, x)
@@ -312,7 +313,7 @@ def test_complex_intermediates_cross_segments_with_their_gradients():
 
 
 def test_the_lowest_kept_is_the_lowest_measured_and_reaches_the_cache(tmp_path):
-    """remat_opt._lowest keeps, per program, the lowest peak measured (from a returned plan or
+    """remat_opt.cache._lowest keeps, per program, the lowest peak measured (from a returned plan or
     an error); the plan cache gets it when an error names it, never a higher one over it."""
     key = "program-for-test-of-lowest"
     low, high = Schedule(cuts=frozenset({3})), Schedule(cuts=frozenset({5}))

@@ -7,7 +7,7 @@ import logging
 import pytest
 
 import remat_opt
-from remat_opt import _progress
+from remat_opt.planner import _progress
 
 
 class Clock:

@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 
 import remat_opt
-from remat_opt import InfeasibleBudgetError, _lowest, format_bytes
-from remat_opt import _optimize
+from remat_opt import InfeasibleBudgetError, format_bytes
+from remat_opt.cache import _lowest
+from remat_opt.planner import _optimize
 from remat_opt._cli import main
-from remat_opt._floor import floor_of
+from remat_opt.planner._floor import floor_of
 from remat_opt.memory._measure import traced_step
 
 
@@ -52,7 +53,7 @@ def _unused_and_aux(params, x, n):
 
 @pytest.mark.parametrize("case", ["wide", "tall", "unused_and_aux"])
 def test_the_floor_is_under_xla_arguments_and_outputs(case):
-    """The floor (remat_opt._floor) never exceeds XLA's argument + output bytes of the plain step,
+    """The floor (remat_opt.planner._floor) never exceeds XLA's argument + output bytes of the plain step,
     which every plan's step has too; and it holds the differentiated parameters and their gradients."""
     if case == "unused_and_aux":
         key = jax.random.PRNGKey(2)

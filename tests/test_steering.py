@@ -1,4 +1,4 @@
-"""CP-SAT's search steered by XLA's figures (remat_opt._steering), with XLA played by a rule.
+"""CP-SAT's search steered by XLA's figures (remat_opt.planner._steering), with XLA played by a rule.
 
 Each test stands XLA in with a known error of the model (XLA's figure = the
 model's prediction times a factor), so that what the steering must do is
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from remat_opt import InfeasibleBudgetError, Schedule
-from remat_opt._steering import Steering, steered_plan
+from remat_opt.planner._steering import Steering, steered_plan
 from remat_opt.memory import model_graph
 from remat_opt.memory._simulate import simulate
 from remat_opt.program._trace import trace
@@ -121,7 +121,7 @@ def test_the_same_graph_and_budget_give_the_same_plan(graph):
 def test_a_re_solve_starts_from_the_plan_in_hand(graph, monkeypatch):
     """After a plan XLA fits, every later solve starts from it (a loosened target
     admits it), so none returns a costlier schedule than the one in hand."""
-    import remat_opt._steering as steering_module
+    import remat_opt.planner._steering as steering_module
 
     calls = []
 

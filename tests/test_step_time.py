@@ -157,7 +157,7 @@ def test_a_timed_plan_is_kept_on_disk_and_loaded_as_made(mlp_args, tmp_path, mon
     made = remat_opt.optimize(loss, budget, objective="time", cache=tmp_path).plan(*mlp_args)
     assert made.layer_plan is not None
     # A later process: nothing is compiled or run again.
-    monkeypatch.setattr("remat_opt._optimize.timed_plan", lambda call: pytest.fail("planned again"))
+    monkeypatch.setattr("remat_opt.planner._optimize.timed_plan", lambda call: pytest.fail("planned again"))
     step = remat_opt.optimize(loss, budget, objective="time", cache=tmp_path)
     loaded = step.plan(*mlp_args)
     assert (loaded.layer_plan, loaded.measured_peak_bytes, loaded.step_seconds, loaded.timed) == (
@@ -175,7 +175,7 @@ def test_on_the_cpu_no_fenced_per_layer_policy_recomputes_less(mlp_args, policy)
     # The FLOP search (the CPU's default) at the peak of a per-layer policy a user could write with
     # remat_opt's fence, on layers found in a plain loop over layer dicts: it fits, and recomputes no
     # more FLOPs than that policy.
-    from remat_opt._timed import per_layer_plan
+    from remat_opt.planner._timed import per_layer_plan
     from remat_opt.memory._measure import gradient_flops
 
     traced = trace(residual_mlp, mlp_args, {}, (0,))

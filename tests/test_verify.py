@@ -6,10 +6,10 @@ import jax.numpy as jnp
 from jax import lax
 
 import remat_opt
-import remat_opt._optimize as optimize_module
+import remat_opt.planner._optimize as optimize_module
 from remat_opt import peak_bytes
-from remat_opt._mesh import measurer
-from remat_opt._verify import verified
+from remat_opt.planner._mesh import measurer
+from remat_opt.planner._verify import verified
 
 FAST = remat_opt.SolverOptions(time_limit_s=60.0, deterministic_time_limit=2.0, num_workers=2)
 

@@ -18,7 +18,7 @@ from .baselines._baselines import megatron_selective as megatron_selective
 from .baselines._baselines import no_remat as no_remat
 from .baselines._baselines import revolve as revolve
 from ._budget import format_bytes as format_bytes
-from ._cache import CacheWarning as CacheWarning
+from .cache._cache import CacheWarning as CacheWarning
 from ._budget import parse_bytes as parse_bytes
 from .program._cost import CostModel as CostModel
 from .program._cost import FlopCostModel as FlopCostModel
@@ -37,7 +37,7 @@ from ._errors import RematOptError as RematOptError
 from ._errors import UnsupportedProgramError as UnsupportedProgramError
 from .memory._fragmentation import Fragmentation as Fragmentation
 from .memory._fragmentation import fragmentation as fragmentation
-from ._optimize import OptimizedFunction as OptimizedFunction
+from .planner._optimize import OptimizedFunction as OptimizedFunction
 from .memory._fusion import UnknownPrimitiveWarning as UnknownPrimitiveWarning
 from ._api import optimize as optimize
 from ._api import peak_bytes as peak_bytes

@@ -8,7 +8,7 @@ from typing import Any
 
 from ._errors import InvalidOptionTypeError, short_repr
 from ._inputs import check_argnums, check_call
-from ._optimize import OptimizedFunction
+from .planner._optimize import OptimizedFunction
 from ._options import PlanOptions, budget_of
 from .memory._measure import peak_bytes as measured_peak
 from .program._cost import CostModel, Interconnect
@@ -77,7 +77,7 @@ def optimize(
             materialized) with a warning (:class:`UnknownPrimitiveWarning`),
             and the rest is left out.
         cache: keep plans on disk and load them in later processes
-            (:mod:`remat_opt._cache`): ``True`` for ``$REMAT_OPT_CACHE_DIR``, else
+            (:mod:`remat_opt.cache._cache`): ``True`` for ``$REMAT_OPT_CACHE_DIR``, else
             ``~/.cache/remat_opt``; a folder; or ``False`` to plan every process
             anew. A loaded plan makes no solver call and compiles no candidate.
             On a mesh, the key holds each argument's sharding.
@@ -92,7 +92,7 @@ def optimize(
             it, a call takes the plan made for the same shapes on a mesh by
             an earlier :meth:`~OptimizedFunction.plan` or call on the arrays.
         objective: what the plan minimises under the budget. ``"time"``: the step
-            time on the device, by the step-time search (:mod:`remat_opt._timed`):
+            time on the device, by the step-time search (:mod:`remat_opt.planner._timed`):
             per-layer ``jax.checkpoint`` policies found on the program, mixes of
             them, the program as written and XLA's own rematerialization, each
             compiled and the fitting ones run; the fastest wins. ``"flops"``:

@@ -27,12 +27,12 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import _cache
+from .cache import _cache
 from ._budget import format_bytes, parse_bytes
 from ._errors import InvalidBudgetError, InvalidBudgetTypeError, RematOptError
 from ._api import optimize
-from ._floor import floor_of
-from ._progress import ENV
+from .planner._floor import floor_of
+from .planner._progress import ENV
 from ._plan import Plan
 from .memory._measure import peak_bytes, traced_step
 
@@ -187,7 +187,7 @@ def _cache_command(args: argparse.Namespace) -> int:
 
 
 def _show_progress(show: bool) -> None:
-    """Progress while planning (remat_opt._progress): off with ``--quiet``; where stderr is no
+    """Progress while planning (remat_opt.planner._progress): off with ``--quiet``; where stderr is no
     terminal, as log lines on stderr."""
     if not show:
         os.environ[ENV] = "0"

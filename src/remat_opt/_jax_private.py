@@ -32,7 +32,7 @@ for and the public API that would replace it:
   Would be replaced by a public way to trace a function as a ``shard_map`` body.
 - :data:`JVPTrace`, :data:`JVPTracer`, :data:`DynamicJaxprTrace`, :func:`current_trace`
   (``ad``, ``partial_eval``, ``core.trace_ctx``): whether JAX is forward-differentiating the
-  current call (:mod:`remat_opt._forward`). Would be replaced by a public "under which
+  current call (:mod:`remat_opt.planner._forward`). Would be replaced by a public "under which
   transformations" query. Guarded: a JAX that moved them makes forward mode undetected (each
   is then ``()``, which no ``isinstance`` matches) rather than the import fail.
 

@@ -105,7 +105,7 @@ class Plan:
             (:class:`remat_opt.memory._sharded.Collective`).
         whole_policy: set when the plan is ``jax.checkpoint`` around the whole
             function with this built-in policy (a key of ``remat_opt.POLICIES``),
-            chosen by measurement (:mod:`remat_opt._policy_planning`); the model
+            chosen by measurement (:mod:`remat_opt.planner._policy_planning`); the model
             does not describe it (``predicted_peak_bytes`` is ``None``),
             ``recompute_flops`` is the measured figure and ``gap`` is against
             the trivial bound 0.

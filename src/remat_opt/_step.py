@@ -43,7 +43,7 @@ import jax
 from ._api import optimize
 from ._budget import format_bytes, parse_bytes
 from ._errors import InfeasibleBudgetError, InvalidOptionError, InvalidOptionTypeError, short_repr
-from ._optimize import OptimizedFunction
+from .planner._optimize import OptimizedFunction
 from ._options import check_count
 from ._plan import Plan, measured_peak_of
 from .memory._compiles import peak_as_jit_compiles

@@ -35,7 +35,7 @@ same (checked on every development and held-out program:
 ``experiments/figures_only.py``; docs/measurements.md, "Planning time"), and a
 compile on XLA:CPU takes about 0.6 of the time (a rewritten schedule, about
 0.75). The plan returned is compiled again as the user's ``jax.jit`` will
-compile it, and that figure is the one reported (``remat_opt._verify``).
+compile it, and that figure is the one reported (``remat_opt.planner._verify``).
 """
 
 KEPT = 1024

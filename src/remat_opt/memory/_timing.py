@@ -1,6 +1,6 @@
 """Compiling candidate steps side by side, and timing them on the device.
 
-The step-time search (:mod:`remat_opt._timed`) judges a candidate by two
+The step-time search (:mod:`remat_opt.planner._timed`) judges a candidate by two
 figures the device gives: XLA's peak (:func:`remat_opt.memory._measure.memory_of`)
 and the median wall time of the compiled step on arguments of the planned
 shapes. A candidate XLA cannot fit into the device (``RESOURCE_EXHAUSTED``,

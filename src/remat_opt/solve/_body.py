@@ -16,7 +16,7 @@ is needed, nothing more. So on the body's graph
 * minimize the FLOPs re-run, then the bytes saved.
 
 The loop multiplies both by its length; the caller sets ``cap_bytes`` from the
-budget and XLA's measurements (:mod:`remat_opt._loop_planning`).
+budget and XLA's measurements (:mod:`remat_opt.planner._loop_planning`).
 """
 
 from __future__ import annotations

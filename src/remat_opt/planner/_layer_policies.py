@@ -17,13 +17,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ._budget import format_bytes
+from .._budget import format_bytes
 from ._timed import LADDER, per_layer_plan
-from .memory._measure import gradient_flops
-from .program._cost import CostModel
-from .program._trace import TracedProgram, with_signature
-from .rewrite._layers import LayerPlan, layer_program
-from .solve._layers import layers_of
+from ..memory._measure import gradient_flops
+from ..program._cost import CostModel
+from ..program._trace import TracedProgram, with_signature
+from ..rewrite._layers import LayerPlan, layer_program
+from ..solve._layers import layers_of
 
 logger = logging.getLogger("remat_opt")
 
@@ -42,7 +42,7 @@ class LayerPolicyCandidate:
 def counted_layer_policies(fn: Callable[..., Any], whole: TracedProgram, args: tuple, kwargs: dict, nums: Any,
                            cost_model: CostModel | None, has_aux: bool,
                            baseline_flops: int) -> list[LayerPolicyCandidate]:
-    """Each policy of :data:`remat_opt._timed.LADDER` on every layer of ``fn`` (traced as ``whole``),
+    """Each policy of :data:`remat_opt.planner._timed.LADDER` on every layer of ``fn`` (traced as ``whole``),
     fenced, fewest recomputed FLOPs first; none where the program has no repeated layers."""
     layers = layers_of(whole)
     if layers is None:

@@ -29,13 +29,13 @@ from collections.abc import Callable
 from typing import Any
 
 from . import _progress as progress
-from ._budget import format_bytes
-from ._errors import InfeasibleBudgetError
-from ._plan import Plan, measured_flops_of
-from ._schedule import Schedule, Simulation
-from .memory._simulate import simulate
-from .program._graph import ProgramGraph
-from .solve._solve import Solution, SolverClock, SolverOptions, low_memory_schedules, min_peak_schedule, solve
+from .._budget import format_bytes
+from .._errors import InfeasibleBudgetError
+from .._plan import Plan, measured_flops_of
+from .._schedule import Schedule, Simulation
+from ..memory._simulate import simulate
+from ..program._graph import ProgramGraph
+from ..solve._solve import Solution, SolverClock, SolverOptions, low_memory_schedules, min_peak_schedule, solve
 
 logger = logging.getLogger("remat_opt")
 

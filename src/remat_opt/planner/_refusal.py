@@ -3,7 +3,7 @@
 Every strategy of a search (loop plans, whole-function policies, schedules outside CP-SAT,
 CP-SAT's lowest-memory schedules) measured some peak; the error names the lowest, the same
 whatever ran before in the process, and keeps the lowest measured schedules for a later call
-(:mod:`remat_opt._lowest`).
+(:mod:`remat_opt.cache._lowest`).
 """
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ._cache import cache_directory, qualified_name
-from ._errors import InfeasibleBudgetError
+from ..cache._cache import cache_directory, qualified_name
+from .._errors import InfeasibleBudgetError
 from ._loop_planning import LoopCandidate
-from ._lowest import lowest_kept, remember
-from ._plan import measured_peak_of
+from ..cache._lowest import lowest_kept, remember
+from .._plan import measured_peak_of
 from ._search_state import Planned, Search
 
 
@@ -25,7 +25,7 @@ def nothing_fits(run: Search, fn: Callable[..., Any], infeasible: InfeasibleBudg
     of this search (loop plans, whole-function policies, outside schedules, CP-SAT's
     lowest-memory schedules), the same whatever ran before; a lower peak an earlier plan
     of this program measured is said beside it. The lowest measured schedules are kept
-    for a later call (:mod:`remat_opt._lowest`)."""
+    for a later call (:mod:`remat_opt.cache._lowest`)."""
     lowest_key, budget = run.model.key, run.call.budget
     directory, name = cache_directory(run.call.options.cache), qualified_name(fn)
     earlier = lowest_kept(lowest_key, directory)  # what earlier plans of this program measured

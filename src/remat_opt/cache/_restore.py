@@ -1,14 +1,15 @@
 """A plan of the persistent cache rebuilt from its decisions, and checked against its own figures.
 
-:mod:`remat_opt._cache` stores what a plan decided (a schedule, a loop plan, a
+:mod:`remat_opt.cache._cache` stores what a plan decided (a schedule, a loop plan, a
 whole-function policy) beside the figures measured when it was made; this
 module rebuilds, for the function at hand, the program and the graph
 :class:`remat_opt.OptimizedFunction` made them for (a trace and a graph, no
 solve, no compile). A schedule's rebuilt program must recompute the FLOPs the
 entry says, and compute as many stored values once, or the entry is not trusted.
-:func:`cached_plan` is the planner's way in, with the call (:class:`remat_opt._call.Call`)
+:func:`cached_or_new_plan` is the planner's way in, with the call (:class:`remat_opt.cache._call.Call`)
 and its search: an entry's plan, else the search's, then kept; a budget refused
-(:class:`remat_opt.InfeasibleBudgetError`) is kept too, and refused again at once.
+(:class:`remat_opt.InfeasibleBudgetError`) is kept too, and refused again at once. The planner
+shows its progress around it (:mod:`remat_opt.planner._progress`): the cache only loads and keeps.
 """
 
 from __future__ import annotations
@@ -34,23 +35,22 @@ from ._cache import (
     report,
     write_entry,
 )
-from . import _progress as progress
 from ._call import Call
-from ._errors import InfeasibleBudgetError
-from ._plan import Plan, annotate, measured_flops_of
-from ._schedule import Schedule, Simulation
-from .memory._facts import model_graph, unknown_of
-from .memory._measure import gradient_flops
-from .memory._once import once_values
-from .memory._sharded import is_sharded
-from .memory._simulate import simulate
-from .program._manual import planned_body
-from .program._graph import ProgramGraph
-from .program._trace import trace, with_signature
-from .rewrite._apply import apply_schedule
-from .rewrite._layers import layer_program
-from .rewrite._loops import loop_program
-from .rewrite._policies import policy_program
+from .._errors import InfeasibleBudgetError
+from .._plan import Plan, annotate, measured_flops_of
+from .._schedule import Schedule, Simulation
+from ..memory._facts import model_graph, unknown_of
+from ..memory._measure import gradient_flops
+from ..memory._once import once_values
+from ..memory._sharded import is_sharded
+from ..memory._simulate import simulate
+from ..program._manual import planned_body
+from ..program._graph import ProgramGraph
+from ..program._trace import trace, with_signature
+from ..rewrite._apply import apply_schedule
+from ..rewrite._layers import layer_program
+from ..rewrite._loops import loop_program
+from ..rewrite._policies import policy_program
 
 
 Planned = tuple[Plan, Callable[..., Any]]
@@ -119,12 +119,6 @@ def _check_counts(call: Call, plan: Plan, program: Callable[..., Any], graph: Pr
     if (flops, once) != (stored, plan.computed_once):
         raise CacheEntryError(f"counts {stored:,} FLOPs recomputed and {plan.computed_once} values computed "
                               f"once; the program rebuilt from it {flops:,} and {once}")
-
-
-def cached_plan(call: Call, new_plan: Callable[[Call], Planned]) -> Planned:
-    """The plan of :func:`cached_or_new_plan`, its progress shown while it takes time (:mod:`remat_opt._progress`)."""
-    with progress.planning(getattr(call.fn, "__name__", "fn"), call.budget):
-        return cached_or_new_plan(call, new_plan)
 
 
 def cached_or_new_plan(call: Call, new_plan: Callable[[Call], Planned]) -> Planned:

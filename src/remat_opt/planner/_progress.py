@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, TextIO
 
-from ._budget import format_bytes
+from .._budget import format_bytes
 
 ENV = "REMAT_OPT_PROGRESS"
 DELAY_S = 3.0

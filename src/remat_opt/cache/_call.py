@@ -1,7 +1,7 @@
 """One question to the planner: a function, the arguments of one call, and the options.
 
-:class:`Call` is what the planner (:mod:`remat_opt._optimize`) and the plan cache
-(:mod:`remat_opt._restore`) pass along instead of the arguments, their argnums and the
+:class:`Call` is what the planner (:mod:`remat_opt.planner._optimize`) and the plan cache
+(:mod:`remat_opt.cache._restore`) pass along instead of the arguments, their argnums and the
 options one by one. It traces the function (scans whole) and makes the plan's key once,
 whoever asks first.
 """
@@ -14,8 +14,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ._cache import derivative_text, layout_of, options_of, plan_key
-from ._options import PlanOptions
-from .program._trace import TracedProgram, grad_argnums, normalize_argnums, trace
+from .._options import PlanOptions
+from ..program._trace import TracedProgram, grad_argnums, normalize_argnums, trace
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -78,11 +78,11 @@ class Call:
 
     @functools.cached_property
     def derivatives(self) -> str | None:
-        """What the program's text leaves out of its gradient (:func:`remat_opt._cache.derivative_text`)."""
+        """What the program's text leaves out of its gradient (:func:`remat_opt.cache._cache.derivative_text`)."""
         return derivative_text(self.whole, self.fn, self.args, self.kwargs, self.nums, self.has_aux)
 
     def key(self, budget: int | None) -> str:
-        """The key of the plan at ``budget`` (:func:`remat_opt._cache.plan_key`); ``None``: of what
-        holds of the program at any budget (:mod:`remat_opt._lowest`, :mod:`remat_opt._front`)."""
+        """The key of the plan at ``budget`` (:func:`remat_opt.cache._cache.plan_key`); ``None``: of what
+        holds of the program at any budget (:mod:`remat_opt.cache._lowest`, :mod:`remat_opt.cache._front`)."""
         return plan_key(self.whole, budget, options_of(self.options, self.argnums, self.constants),
                         layout_of(self.args, self.kwargs, self.options.links), self.derivatives)

@@ -5,7 +5,7 @@ program, but which schedules a search measures depends on its budget (the
 model ranks candidates against it), so a search at a larger budget can miss
 a plan a smaller one found and return a costlier one. Every schedule a search
 measures is kept here, under the program's key at any budget
-(:func:`remat_opt._cache.plan_key` with no budget), as a point of the
+(:func:`remat_opt.cache._cache.plan_key` with no budget), as a point of the
 program's front: its peak as XLA measured it and its recomputed FLOPs as a
 plan counts them (on the traced gradient). A later search of the program is
 answered by the front where it holds a cheaper point that fits
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from ._cache import read_entry, versions, write_entry
-from ._schedule import Schedule
+from .._schedule import Schedule
 
 
 class Point(NamedTuple):

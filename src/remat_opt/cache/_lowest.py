@@ -9,7 +9,7 @@ misjudges (a convolutional network it put 39% under XLA's figure) was
 refused again at the very budget its error had named.
 
 So the lowest-memory schedule XLA measured is kept, under the program's key
-for any budget (:func:`remat_opt._cache.plan_key` with no budget): the one
+for any budget (:func:`remat_opt.cache._cache.plan_key` with no budget): the one
 behind an error, and any schedule a plan returned, for the rest of the
 process; in the plan cache (an entry of kind ``"lowest"``) when an error names
 it and the cache is on. A later search of the same program that finds nothing
@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from ._cache import entry_schedule, read_entry, versions, write_entry
-from ._schedule import Schedule
+from .._schedule import Schedule
 
 _lowest: dict[str, tuple[int, Schedule]] = {}
 

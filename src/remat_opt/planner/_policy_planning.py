@@ -29,15 +29,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ._budget import format_bytes
-from ._counted import counted_flops
-from ._schedule import Schedule
-from .memory._measure import gradient_flops
-from .memory._simulate import simulate
-from .program._cost import CostModel
-from .program._graph import ProgramGraph
-from .rewrite._policies import POLICIES, policy_program
-from .solve._policy_saves import dot_names
+from .._budget import format_bytes
+from ..cache._counted import counted_flops
+from .._schedule import Schedule
+from ..memory._measure import gradient_flops
+from ..memory._simulate import simulate
+from ..program._cost import CostModel
+from ..program._graph import ProgramGraph
+from ..rewrite._policies import POLICIES, policy_program
+from ..solve._policy_saves import dot_names
 
 logger = logging.getLogger("remat_opt")
 
@@ -62,7 +62,7 @@ class PolicyCandidate:
 def counted_policies(fn: Callable[..., Any], args: tuple, kwargs: dict, nums: Any, cost_model: CostModel | None,
                      has_aux: bool, baseline_flops: int, key: str | None = None) -> list[PolicyCandidate]:
     """Every built-in policy around ``fn`` JAX can differentiate, with the FLOPs it recomputes (not
-    measured yet: ``measured`` 0), each count kept under ``key`` (:mod:`remat_opt._counted`).
+    measured yet: ``measured`` 0), each count kept under ``key`` (:mod:`remat_opt.cache._counted`).
     A saving policy fails on a program whose residuals include a complex value (JAX's
     ``reduce_precision`` on them rejects it); it is left out."""
     counted = []

@@ -1,6 +1,6 @@
 """What one search of a call carries: the program as modelled, the search's shared figures, and
-what a candidate measured. The planner (:mod:`remat_opt._optimize`) passes these instead of loose
-parameters; :mod:`remat_opt._refusal` reads them for the error when nothing fits.
+what a candidate measured. The planner (:mod:`remat_opt.planner._optimize`) passes these instead of loose
+parameters; :mod:`remat_opt.planner._refusal` reads them for the error when nothing fits.
 """
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from ._call import Call
-from ._plan import Plan
-from .program._graph import ProgramGraph
-from .program._trace import TracedProgram
+from ..cache._call import Call
+from .._plan import Plan
+from ..program._graph import ProgramGraph
+from ..program._trace import TracedProgram
 
 Planned = tuple[Plan, Callable[..., Any]]
 Measure = Callable[[Callable[..., Any]], int]
@@ -27,7 +27,7 @@ class Modelled:
         whole: ``fn`` as written, its scans whole: what a plain plan and the loop plans run.
         graph: the model's graph of ``traced``, with XLA's facts and, on a mesh, one device's bytes.
         compiled: XLA's account of ``fn`` as written (``None`` with ``xla_facts=False``).
-        key: the program's key at any budget (:mod:`remat_opt._lowest`, :mod:`remat_opt._front`).
+        key: the program's key at any budget (:mod:`remat_opt.cache._lowest`, :mod:`remat_opt.cache._front`).
     """
 
     traced: TracedProgram

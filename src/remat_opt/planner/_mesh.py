@@ -16,15 +16,15 @@ from typing import Any
 
 import jax
 
-from ._errors import InfeasibleBudgetError
-from ._plan import Plan
-from .memory._compiles import PEAK_FIGURES_ONLY, compile_for_figures, compiled_figures, peak_as_jit_compiles
-from .memory._measure import abstract, memory_of, traced_step
-from .memory._sharded import Partitioned, collective_bytes, collective_decisions
-from .program._cost import Interconnect
-from .program._graph import ProgramGraph
-from .program._static import combine, mesh_sharding, split
-from .program._traced_layout import traced_layout
+from .._errors import InfeasibleBudgetError
+from .._plan import Plan
+from ..memory._compiles import PEAK_FIGURES_ONLY, compile_for_figures, compiled_figures, peak_as_jit_compiles
+from ..memory._measure import abstract, memory_of, traced_step
+from ..memory._sharded import Partitioned, collective_bytes, collective_decisions
+from ..program._cost import Interconnect
+from ..program._graph import ProgramGraph
+from ..program._static import combine, mesh_sharding, split
+from ..program._traced_layout import traced_layout
 
 Measure = Callable[[Callable[..., Any]], int]
 

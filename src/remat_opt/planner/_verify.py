@@ -18,8 +18,8 @@ from collections.abc import Callable
 from typing import Any
 
 from . import _progress as progress
-from ._budget import format_bytes
-from ._plan import Plan, measured_peak_of
+from .._budget import format_bytes
+from .._plan import Plan, measured_peak_of
 
 logger = logging.getLogger("remat_opt")
 

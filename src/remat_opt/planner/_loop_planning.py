@@ -45,20 +45,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ._budget import format_bytes
-from ._plan import Plan
-from ._schedule import Schedule, Simulation
-from .memory._facts import model_graph
-from .memory._measure import gradient_flops
-from .memory._simulate import simulate
-from .program._cost import CostModel
-from .program._graph import ProgramGraph, build_graph
-from .program._manual import shard_map_body
-from .program._scan_body import ScanBody, scan_body
-from .program._trace import TracedProgram, planned_bodies, trace, with_signature
-from .rewrite._loops import LoopPlan, loop_candidates, loop_program, recipe_candidates, scan_lengths, user_names
-from .solve._body import BodyChoice, choose_saved
-from .solve._solve import SolverOptions
+from .._budget import format_bytes
+from .._plan import Plan
+from .._schedule import Schedule, Simulation
+from ..memory._facts import model_graph
+from ..memory._measure import gradient_flops
+from ..memory._simulate import simulate
+from ..program._cost import CostModel
+from ..program._graph import ProgramGraph, build_graph
+from ..program._manual import shard_map_body
+from ..program._scan_body import ScanBody, scan_body
+from ..program._trace import TracedProgram, planned_bodies, trace, with_signature
+from ..rewrite._loops import LoopPlan, loop_candidates, loop_program, recipe_candidates, scan_lengths, user_names
+from ..solve._body import BodyChoice, choose_saved
+from ..solve._solve import SolverOptions
 
 logger = logging.getLogger("remat_opt")
 

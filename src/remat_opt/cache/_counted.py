@@ -10,9 +10,9 @@ around the whole function. A sweep of budgets over one program (the demo, a
 Pareto front) traced them again at each.
 
 The count is a function of the program and the schedule (or policy), so it is kept
-under the program's key for any budget (:func:`remat_opt._cache.plan_key`
+under the program's key for any budget (:func:`remat_opt.cache._cache.plan_key`
 with no budget: the program's text and the options the rewrite and the
-cost model read), as :mod:`remat_opt._lowest` keeps its lowest schedule.
+cost model read), as :mod:`remat_opt.cache._lowest` keeps its lowest schedule.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 
-from ._kept import kept
+from .._kept import kept
 
 KEPT = 4096
 """Counts kept, the least recently used dropped first (each is one number)."""

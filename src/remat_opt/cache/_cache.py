@@ -46,16 +46,16 @@ from typing import Any
 import jax
 from jax.extend import core
 
-from ._errors import InfeasibleBudgetError
-from ._options import PlanOptions
-from ._plan import Plan, Timed
-from ._schedule import Schedule
-from .memory._measure import traced_step
-from .memory._sharded import Collective, is_sharded
-from .program._static import mesh_sharding, split
-from .program._trace import TracedProgram
-from .rewrite._layers import LayerPlan
-from .rewrite._loops import LoopPlan
+from .._errors import InfeasibleBudgetError
+from .._options import PlanOptions
+from .._plan import Plan, Timed
+from .._schedule import Schedule
+from ..memory._measure import traced_step
+from ..memory._sharded import Collective, is_sharded
+from ..program._static import mesh_sharding, split
+from ..program._trace import TracedProgram
+from ..rewrite._layers import LayerPlan
+from ..rewrite._loops import LoopPlan
 
 CACHE_DIR_ENV = "REMAT_OPT_CACHE_DIR"
 FORMAT = 1
@@ -63,7 +63,7 @@ KINDS = ("plain", "schedule", "loop", "policy", "layers", "lowest", "refused", "
 """What an entry restores: the function as written, a schedule on the traced
 program, a loop plan on the program with its scans whole, or ``jax.checkpoint``
 around the whole function with a built-in policy; or, under the program's key
-for any budget, the lowest-memory schedule XLA measured (:mod:`remat_opt._lowest`);
+for any budget, the lowest-memory schedule XLA measured (:mod:`remat_opt.cache._lowest`);
 or the :class:`remat_opt.InfeasibleBudgetError` a budget was refused with (a refusal
 costs a search as a plan does, and the same program at the same budget is refused again)."""
 
@@ -98,7 +98,7 @@ def cache_directory(setting: bool | str | os.PathLike) -> Path | None:
 @functools.cache
 def versions() -> dict[str, str]:
     """What an entry must have been made with to be trusted."""
-    package = Path(__file__).parent
+    package = Path(__file__).parent.parent  # all of remat_opt, not only this subpackage
     digest = hashlib.sha256()
     for path in sorted(package.rglob("*.py")):  # any change to remat_opt's code may change a plan
         digest.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes())
@@ -409,7 +409,7 @@ def clear(directory: Path) -> int:
     """Deletes every entry (and leftover temporary file, and the programs' fronts) in ``directory``;
     returns how many entries there were."""
     entries = _entry_files(directory)
-    fronts = directory / "fronts"  # remat_opt._front.FOLDER: each program's measured front
+    fronts = directory / "fronts"  # remat_opt.cache._front.FOLDER: each program's measured front
     for path in [*entries, *(directory.glob(".tmp-*.json") if directory.is_dir() else ()),
                  *(fronts.glob("*.json") if fronts.is_dir() else ())]:
         path.unlink(missing_ok=True)

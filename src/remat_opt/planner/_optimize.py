@@ -7,7 +7,7 @@ measurement steers the solver's next target (tightened by an overshoot,
 loosened by an over-prediction); if nothing fit, the lowest-memory schedules
 are measured. Nested schedules (:mod:`remat_opt.solve._nesting`), Chen's
 segmentations, a program's loop plans (:mod:`remat_opt.rewrite._loops`) and
-JAX's built-in policies around the whole function (:mod:`remat_opt._policy_planning`)
+JAX's built-in policies around the whole function (:mod:`remat_opt.planner._policy_planning`)
 are measured too; the plan that fits with the fewest recomputed FLOPs is returned.
 If nothing fits, :class:`InfeasibleBudgetError` says which budget XLA confirms.
 """
@@ -23,43 +23,43 @@ from typing import Any
 
 import jax
 
-from ._budget import format_bytes
-from ._cache import cache_directory, names_cost_model, qualified_name
-from ._call import Call
-from ._counted import counted_flops
-from ._errors import InfeasibleBudgetError
-from . import _front
+from .._budget import format_bytes
+from ..cache._cache import cache_directory, names_cost_model, qualified_name
+from ..cache._call import Call
+from ..cache._counted import counted_flops
+from .._errors import InfeasibleBudgetError
+from ..cache import _front
 from ._floor import floor_refusal
 from ._forward import forward_mode
-from ._inputs import check_call
+from .._inputs import check_call
 from ._loop_planning import LoopCandidate, LoopSearch, body_plans, loop_plans
-from ._lowest import recall, remember
+from ..cache._lowest import recall, remember
 from ._mesh import laid_out, measurer, per_device_error, sharded_twin, with_collectives
 from . import _progress as progress
-from ._options import PlanOptions
-from ._plan import Plan, annotate, measured_flops_of, measured_peak_of
+from .._options import PlanOptions
+from .._plan import Plan, annotate, measured_flops_of, measured_peak_of
 from ._policy_planning import (PolicyCandidate, counted_policies, measured_policies, unmeasured_policies,
                                within_reach)
-from ._restore import cached_plan
+from ..cache._restore import cached_or_new_plan
 from ._refusal import nothing_fits
-from ._schedule import Schedule, Simulation
+from .._schedule import Schedule, Simulation
 from ._search_state import Measure, Modelled, Outcome, Planned, Search
 from ._steering import Steering, steered_plan
 from ._timed import TimedCall, timed_plan
 from ._layer_policies import cheapest_fitting, counted_layer_policies
 from ._verify import verified
-from .memory._facts import check_known, model_graph, read_plain, with_memory_facts
-from .memory._measure import Signature, gradient_flops, signature
-from .memory._once import once_values
-from .memory._sharded import is_sharded, sharded_graph, with_shardings
-from .memory._simulate import calibrate, simulate
-from .program._graph import ProgramGraph, build_graph
-from .program._manual import planned_body
-from .program._trace import trace
-from .rewrite._apply import apply_schedule
-from .solve._keep_sets import measured_keep_set
-from .solve._outside import outside_tiers
-from .solve._solve import SolverClock
+from ..memory._facts import check_known, model_graph, read_plain, with_memory_facts
+from ..memory._measure import Signature, gradient_flops, signature
+from ..memory._once import once_values
+from ..memory._sharded import is_sharded, sharded_graph, with_shardings
+from ..memory._simulate import calibrate, simulate
+from ..program._graph import ProgramGraph, build_graph
+from ..program._manual import planned_body
+from ..program._trace import trace
+from ..rewrite._apply import apply_schedule
+from ..solve._keep_sets import measured_keep_set
+from ..solve._outside import outside_tiers
+from ..solve._solve import SolverClock
 
 logger = logging.getLogger("remat_opt")
 """Progress of a plan (stages, solves, measurements) at INFO level; silent unless configured,
@@ -91,7 +91,7 @@ class OptimizedFunction:
     """Lowest-memory schedules measured on XLA before a budget is declared out of reach."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if forward_mode(args, kwargs):  # custom_vjp segments have no JVP: fn as written (remat_opt._forward)
+        if forward_mode(args, kwargs):  # custom_vjp segments have no JVP: fn as written (remat_opt.planner._forward)
             return self.fn(*args, **kwargs)
         _, program = self._planned(args, kwargs)
         return program(*args, **kwargs)
@@ -115,20 +115,22 @@ class OptimizedFunction:
                 return twin
             check_call(self.fn, args, kwargs, options.argnums, options.has_aux)  # remat_opt._inputs: typed errors
             constants = {k: getattr(self, k) for k in dir(type(self)) if k.isupper()}  # the search's
-            self._cache[key] = cached_plan(Call.of(self.fn, specs, kwargs_specs, options, constants),
-                                           self._make_plan)
+            call = Call.of(self.fn, specs, kwargs_specs, options, constants)
+            # Shown once the plan takes its time (planner/_progress), loaded or searched.
+            with progress.planning(getattr(self.fn, "__name__", "fn"), call.budget):
+                self._cache[key] = cached_or_new_plan(call, self._make_plan)
         return self._cache[key]
 
     def _timed_plan(self, call: Call) -> Planned:
-        """The fastest plan that fits, measured on the device (:mod:`remat_opt._timed`)."""
+        """The fastest plan that fits, measured on the device (:mod:`remat_opt.planner._timed`)."""
         refused = floor_refusal(call.fn, call.args, call.kwargs, call.nums, call.has_aux, call.budget)
-        if refused is not None:  # under the step's arguments and outputs: no search can help (remat_opt._floor)
+        if refused is not None:  # under the step's arguments and outputs: no search can help (remat_opt.planner._floor)
             raise refused
         return timed_plan(TimedCall(call.fn, call.args, call.kwargs, call.argnums, call.nums, call.has_aux,
                                     call.budget, call.options.cost_model))
 
     def _make_plan(self, call: Call) -> Planned:
-        """The plan of ``call``'s search (the plan cache's way in is :func:`remat_opt._restore.cached_plan`)."""
+        """The plan of ``call``'s search (the plan cache's way in is :func:`remat_opt.cache._restore.cached_or_new_plan`)."""
         options = call.options
         if options.minimises_time():
             return self._timed_plan(call)
@@ -136,7 +138,7 @@ class OptimizedFunction:
         # fn as written, loops whole: what a plain plan and the loop plans run.
         whole = call.whole_as(traced)
         refused = floor_refusal(self.fn, call.args, call.kwargs, call.nums, call.has_aux, call.budget)
-        if refused is not None:  # under the step's arguments and outputs: no search can help (remat_opt._floor)
+        if refused is not None:  # under the step's arguments and outputs: no search can help (remat_opt.planner._floor)
             raise refused
         # A model written as one shard_map: its body is what is planned, per device (program._manual).
         traced = planned_body(traced) or traced
@@ -157,8 +159,8 @@ class OptimizedFunction:
         measure = progress.measuring(measurer(call.args, call.kwargs, call.nums, call.has_aux, on_mesh,
                                               figures_only=True))
         verify = progress.measuring(measurer(call.args, call.kwargs, call.nums, call.has_aux, on_mesh))
-        # The program's key at any budget: what an earlier search of it measured lowest (remat_opt._lowest),
-        # and the front every schedule measured joins (remat_opt._front).
+        # The program's key at any budget: what an earlier search of it measured lowest (remat_opt.cache._lowest),
+        # and the front every schedule measured joins (remat_opt.cache._front).
         model = Modelled(traced, whole, graph, compiled, call.key(None))
         try:  # stages: _progress
             planned = verified(self._search(call, model, measure), verify, call.budget,
@@ -188,7 +190,7 @@ class OptimizedFunction:
             return self._plan(run, whole_graph, sim, Schedule(plain=True),
                               Outcome(plain_peak, 0, "PLAIN", 0.0, 0.0, 0)), self.fn
 
-        # FLOP counts are kept under the program's key (remat_opt._counted), where it names the cost model.
+        # FLOP counts are kept under the program's key (remat_opt.cache._counted), where it names the cost model.
         count_key = model.key if names_cost_model(call.options.cost_model) else None
         # jax.checkpoint around fn with a built-in policy that recomputes nothing:
         # when XLA fits it (it can keep less than fn as written), nothing beats it.
@@ -216,11 +218,11 @@ class OptimizedFunction:
         choices = [p for p in (planned, other, best_loop) if p is not None]
         best = min(choices, key=lambda p: measured_flops_of(p[0]), default=None)
         # A keep-set found on XLA's figures (solve._keep_sets), and a schedule an earlier
-        # search of this program measured within this budget (remat_opt._front), if cheaper.
+        # search of this program measured within this budget (remat_opt.cache._front), if cheaper.
         best = self._keep_set_plan(run, best) or best
         best = self._from_front(run, best) or best
         ceiling = None if best is None else measured_flops_of(best[0])
-        # The per-layer policies a user writes (remat_opt._layer_policies): only one that recomputes less.
+        # The per-layer policies a user writes (remat_opt.planner._layer_policies): only one that recomputes less.
         best = self._layer_policy_plan(run, ceiling) or best
         ceiling = None if best is None else measured_flops_of(best[0])
         tried = [*free, *measured_policies(policies, budget, measure, below_flops=ceiling, above_flops=0,
@@ -278,7 +280,7 @@ class OptimizedFunction:
         return graph, whole_graph, plain_peak
 
     def _loop_stage(self, run: Search) -> tuple[list[LoopCandidate], Planned | None, float]:
-        """The loop plans of fn's scans kept as loops (:mod:`remat_opt._loop_planning`), each
+        """The loop plans of fn's scans kept as loops (:mod:`remat_opt.planner._loop_planning`), each
         measured or counted; the cheapest that XLA fits, as a plan, if any; and the seconds CP-SAT
         spent choosing the bodies' saved values."""
 
@@ -302,7 +304,7 @@ class OptimizedFunction:
 
     def _recalled(self, run: Search) -> Planned | None:
         """The lowest-memory schedule an earlier search of this program measured, if XLA fits it
-        in the budget (:mod:`remat_opt._lowest`): an error named its peak as a budget that works."""
+        in the budget (:mod:`remat_opt.cache._lowest`): an error named its peak as a budget that works."""
         schedule = recall(run.model.key, run.call.budget, cache_directory(run.call.options.cache))
         if schedule is None:
             return None
@@ -330,7 +332,7 @@ class OptimizedFunction:
         return plan if best is None or measured_flops_of(plan[0]) < measured_flops_of(best[0]) else None
 
     def _from_front(self, run: Search, best: Planned | None) -> Planned | None:
-        """The plan of the program's front (:mod:`remat_opt._front`) that fits the budget with
+        """The plan of the program's front (:mod:`remat_opt.cache._front`) that fits the budget with
         fewer recomputed FLOPs than ``best``, if XLA confirms it; else ``None``."""
         point = _front.cheapest(run.model.key, run.call.budget, cache_directory(run.call.options.cache))
         if point is None or (best is not None and point.flops >= measured_flops_of(best[0])):
@@ -347,7 +349,7 @@ class OptimizedFunction:
 
     RELAX_SLACK = 0.02
     """A plan XLA fits and the model over-predicted by more than this share of the
-    budget is re-solved under a target loosened by the error (:mod:`remat_opt._steering`)."""
+    budget is re-solved under a target loosened by the error (:mod:`remat_opt.planner._steering`)."""
 
     MEASURED_CANDIDATES = 3
     """Schedules outside CP-SAT's search measured on XLA, at most, per tier and plan; in the
@@ -372,7 +374,7 @@ class OptimizedFunction:
         one more where they are all predicted over the budget), and besides them what the
         Chen and Revolve baselines measure, wherever the model puts it; XLA decides.
         Their FLOP counts are kept under ``count_key``, the program's at any budget
-        (:mod:`remat_opt._counted`; ``None``: not kept): a sweep of budgets counts each once.
+        (:mod:`remat_opt.cache._counted`; ``None``: not kept): a sweep of budgets counts each once.
         """
         started = time.perf_counter()
         graph, budget = run.graph, run.call.budget
@@ -406,7 +408,7 @@ class OptimizedFunction:
         return None, min(measured_plans, key=lambda p: measured_peak_of(p[0]), default=None)
 
     def _steering(self, run: Search) -> Steering:
-        """This search's limits and stages, for CP-SAT's search steered by XLA (:mod:`remat_opt._steering`)."""
+        """This search's limits and stages, for CP-SAT's search steered by XLA (:mod:`remat_opt.planner._steering`)."""
 
         def finish(sim, schedule, measured, program, status, gap, seconds, attempts):
             return self._finish(run, sim, schedule, program, Outcome(measured, None, status, gap, seconds, attempts))
@@ -451,7 +453,7 @@ class OptimizedFunction:
     def _plan(self, run: Search, graph: ProgramGraph, sim: Simulation, schedule: Schedule,
               outcome: Outcome) -> Plan:
         """The plan of ``schedule`` on ``graph`` (``sim``: its simulation), as measured; a schedule
-        with its FLOPs counted joins the program's front (:mod:`remat_opt._front`)."""
+        with its FLOPs counted joins the program's front (:mod:`remat_opt.cache._front`)."""
         options = run.call.options
         if outcome.flops is not None and not schedule.plain:
             _front.add(run.model.key, outcome.peak, outcome.flops, schedule, cache_directory(options.cache),

@@ -55,27 +55,27 @@ from typing import Any
 import jax
 
 from . import _progress as progress
-from ._budget import format_bytes
-from ._errors import InfeasibleBudgetError, InvalidBudgetError
-from ._options import device_memory
-from ._plan import Plan, Timed, annotate
-from ._schedule import Schedule
-from .memory._facts import model_graph
-from .memory._measure import gradient_flops, signature
-from .memory._simulate import simulate
-from .memory._timing import Compiled, compile_steps, device_ridge, example_arguments, step_seconds
-from .program._cost import CostModel
-from .program._graph import ProgramGraph, build_graph
-from .program._roofline import RooflineCostModel
-from .program._trace import TracedProgram, trace, with_signature
-from .rewrite._layers import LayerPlan, StagePolicy, layer_program
-from .rewrite._loops import LoopPlan, loop_program, planned_scans
-from .program._scan_body import scan_body
-from .solve._body import choose_saved
-from .solve._layers import Layers, layers_of
-from .solve._solve import SolverOptions
-from .solve._policy_saves import dot_names
-from .solve._stage_saves import layer_names, layer_saves
+from .._budget import format_bytes
+from .._errors import InfeasibleBudgetError, InvalidBudgetError
+from .._options import device_memory
+from .._plan import Plan, Timed, annotate
+from .._schedule import Schedule
+from ..memory._facts import model_graph
+from ..memory._measure import gradient_flops, signature
+from ..memory._simulate import simulate
+from ..memory._timing import Compiled, compile_steps, device_ridge, example_arguments, step_seconds
+from ..program._cost import CostModel
+from ..program._graph import ProgramGraph, build_graph
+from ..program._roofline import RooflineCostModel
+from ..program._trace import TracedProgram, trace, with_signature
+from ..rewrite._layers import LayerPlan, StagePolicy, layer_program
+from ..rewrite._loops import LoopPlan, loop_program, planned_scans
+from ..program._scan_body import scan_body
+from ..solve._body import choose_saved
+from ..solve._layers import Layers, layers_of
+from ..solve._solve import SolverOptions
+from ..solve._policy_saves import dot_names
+from ..solve._stage_saves import layer_names, layer_saves
 
 logger = logging.getLogger("remat_opt")
 

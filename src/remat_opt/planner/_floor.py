@@ -23,10 +23,10 @@ from typing import Any
 import numpy as np
 from jax.extend import core
 
-from ._budget import format_bytes
-from ._errors import InfeasibleBudgetError
-from .memory._measure import traced_step
-from .memory._sharded import is_sharded
+from .._budget import format_bytes
+from .._errors import InfeasibleBudgetError
+from ..memory._measure import traced_step
+from ..memory._sharded import is_sharded
 
 
 @dataclasses.dataclass(frozen=True)

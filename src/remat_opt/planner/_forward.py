@@ -18,8 +18,8 @@ from typing import Any
 
 import jax
 
-from ._jax_private import DynamicJaxprTrace as _STAGING
-from ._jax_private import JVPTrace, JVPTracer, current_trace
+from .._jax_private import DynamicJaxprTrace as _STAGING
+from .._jax_private import JVPTrace, JVPTracer, current_trace
 
 # The attributes through which one tracer wraps the value of the trace below it:
 # a linearize or JVP tracer its primal, a batch tracer its batched value.
