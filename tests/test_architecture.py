@@ -5,6 +5,8 @@ remat_opt itself, to find its folder):
   says per name why it is needed;
 - the import graph of remat_opt's modules, module-level, function-level and
   ``TYPE_CHECKING`` imports alike, has no cycle;
+- every module is in a layer: a subpackage, or a top-level module of :data:`CORE`, :data:`PLAN`
+  or :data:`FACE`;
 - imports run down the layers, never up (the contract is :data:`MAY_IMPORT`).
 """
 
@@ -24,8 +26,13 @@ PRIVATE_MODULE = "remat_opt._jax_private"
 
 # The floor: types and helpers every layer uses, importing nothing above themselves.
 CORE = {"_jax_private", "_units", "_errors", "_budget", "_schedule", "_kept"}
-# A plan and its report: above the pipeline (they carry its results), below the planner.
-PLAN = {"_plan", "_report"}
+# What is asked and what is answered: the options and the checks of a call's inputs, a plan and
+# its report. Above the pipeline (a plan carries its results), below the cache and the planner.
+PLAN = {"_options", "_inputs", "_plan", "_report"}
+# The package's face: the entry points (``optimize``, ``peak_bytes``, ``optimize_step``), the
+# command line and the demo. Nothing imports them but each other.
+FACE = {"__init__", "__main__", "_api", "_step", "_cli", "_demo"}
+SUBPACKAGES = ("program", "memory", "solve", "rewrite", "baselines", "zoo", "cache", "planner")
 
 MAY_IMPORT = {
     "core": set(),
@@ -35,23 +42,32 @@ MAY_IMPORT = {
     "rewrite": {"core", "program", "memory"},
     "plan": {"core", "program", "memory", "solve", "rewrite"},
     "baselines": {"core", "program", "memory", "solve", "rewrite", "plan"},
+    # The cache keeps and rebuilds decisions: it needs the stages a plan is rebuilt with and the
+    # plan, never the solver (a loaded plan makes no solver call) and never the planner. The
+    # planner imports the cache, not the reverse: a search asks the cache first, keeps what it
+    # measured there (the lowest schedule, the front, the FLOP counts) and reads its key; the
+    # cache is handed the search as a function (cache._restore.cached_or_new_plan), so it needs
+    # nothing of the planner, and the other way round would be a cycle.
+    "cache": {"core", "program", "memory", "rewrite", "plan"},
+    "planner": {"core", "program", "memory", "solve", "rewrite", "plan", "cache"},
     "zoo": set(),
-    # The planner and the cache (every other top-level module, the package's face among them)
-    # may import any layer.
+    "face": {"core", "program", "memory", "solve", "rewrite", "plan", "baselines", "cache", "planner", "zoo"},
 }
 """Per layer, the layers its modules may import from (besides their own subpackage).
-``solve`` and ``rewrite`` are siblings: neither imports the other."""
+``solve`` and ``rewrite`` are siblings: neither imports the other; so are ``baselines`` and the
+``cache``."""
 
 
 def layer(module: str) -> str:
+    """The layer of one of remat_opt's modules; ``"unplaced"`` for a top-level module no set names."""
     parts = module.split(".")
-    if len(parts) >= 2 and parts[1] in ("program", "memory", "solve", "rewrite", "baselines", "zoo"):
+    if len(parts) >= 2 and parts[1] in SUBPACKAGES:
         return parts[1]
-    if len(parts) == 2 and parts[1] in CORE:
-        return "core"
-    if len(parts) == 2 and parts[1] in PLAN:
-        return "plan"
-    return "planner"
+    name = parts[1] if len(parts) == 2 else "__init__"
+    for room, names in (("core", CORE), ("plan", PLAN), ("face", FACE)):
+        if name in names:
+            return room
+    return "unplaced"
 
 
 def _module_name(path: Path) -> str:
@@ -101,6 +117,7 @@ def test_the_graph_sees_every_kind_of_import():
     assert graph.has_edge("remat_opt.memory._facts", "remat_opt.program._graph")  # from ..program._graph import
     assert graph.has_edge("remat_opt._cli", "remat_opt.zoo")  # in a function
     assert graph.has_edge("remat_opt", "remat_opt._api")
+    assert graph.has_edge("remat_opt.planner._optimize", "remat_opt.cache._front")  # from ..cache import _front
 
 
 def test_only_one_module_imports_private_jax():
@@ -128,6 +145,12 @@ def test_the_import_graph_has_no_cycle():
     shown = ["\n    ".join(_edge(graph, a, b) for a, b in nx.find_cycle(graph.subgraph(t))) for t in tangles]
     assert not tangles, (f"{len(tangles)} group(s) of modules import each other; a cycle in each:\n    "
                          + "\n\n    ".join(shown))
+
+
+def test_every_module_has_a_layer():
+    unplaced = sorted(m for m in MODULES if layer(m) == "unplaced")
+    assert not unplaced, (f"modules in no layer: {unplaced}; put each in a subpackage, or name it in CORE, "
+                          "PLAN or FACE (and say why)")
 
 
 @pytest.mark.parametrize("lower", sorted(MAY_IMPORT))
