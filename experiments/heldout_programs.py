@@ -18,7 +18,7 @@ name; never change a registered program under its old name).
 
 **Moved** (issue 50): the GRU (``gru``) and the haiku ResNet (``haiku_resnet``) drove
 changes to the memory model and the solver (the partials in CP-SAT's encoding, the learned
-reach, the scratch rule, ``_lowest.py``), so they are development programs now
+reach, the scratch rule, ``cache/_lowest.py``), so they are development programs now
 (``dev_programs.py``), and two families written before any further change replace them: a
 bidirectional tanh RNN unrolled in Python (``birnn``) and a VGG-style dm-haiku net with
 GroupNorm (``haiku_vgg``). Results before the move name the old programs.

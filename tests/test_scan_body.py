@@ -1,4 +1,4 @@
-"""A scan body's saved values chosen by CP-SAT (solve/_body.py, _loop_planning.body_plans).
+"""A scan body's saved values chosen by CP-SAT (solve/_body.py, planner/_loop_planning.body_plans).
 
 The solver's choice is checked against exhaustive search over the same model,
 and the plan it leads to against XLA, ``jax.grad`` and MaxText's recipes.

@@ -1,4 +1,4 @@
-"""Candidates compiled for their figures only; the plan returned, as the user compiles it (_verify.py)."""
+"""Candidates compiled for their figures only; the plan returned, as the user compiles it (planner/_verify.py)."""
 
 import dataclasses
 

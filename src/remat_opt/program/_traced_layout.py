@@ -17,7 +17,7 @@ in order, from:
 
 Reading (2) walks the Python stack to JAX's private ``_trace_for_jit``: kept to this module,
 and any surprise (a renamed frame or local on a later JAX) gives ``None``, the layout unknown,
-as before: the planner then falls back on a plan made on the arrays (``_mesh.sharded_twin``)
+as before: the planner then falls back on a plan made on the arrays (``planner/_mesh.sharded_twin``)
 or on ``optimize(..., in_shardings=...)``.
 """
 
