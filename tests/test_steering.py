@@ -57,8 +57,9 @@ def steering(graph, factor: float, measured: list) -> Steering:
         measured.append(round(simulate(graph, schedule).peak_bytes * factor))
         return measured[-1]
 
-    def finish(sim, schedule, peak, program, status, gap, seconds, attempts):
-        return Planned(schedule, peak, sim.recompute_flops, status, seconds, attempts), program
+    def finish(sim, schedule, program, outcome):
+        return Planned(schedule, outcome.peak, sim.recompute_flops, outcome.status, outcome.seconds,
+                       outcome.attempts), program
 
     def infeasible(schedule, peak):
         return InfeasibleBudgetError(0, peak, schedule=schedule)

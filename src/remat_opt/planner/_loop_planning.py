@@ -59,6 +59,7 @@ from ..program._trace import TracedProgram, planned_bodies, trace, with_signatur
 from ..rewrite._loops import LoopPlan, loop_candidates, loop_program, recipe_candidates, scan_lengths, user_names
 from ..solve._body import BodyChoice, choose_saved
 from ..solve._solve import SolverOptions
+from ._search_state import Outcome
 
 logger = logging.getLogger("remat_opt")
 
@@ -66,8 +67,9 @@ TIGHT = 0.005
 """A fitting saved set within this share of the budget ends the search; one
 further under it is re-solved with the cap loosened by XLA's figure."""
 
-MakePlan = Callable[[ProgramGraph, Simulation, int, int, str, float, float, int], Plan]
-"""``(graph, sim, measured_peak, recompute_flops, status, gap, seconds, attempts) -> Plan``."""
+MakePlan = Callable[[ProgramGraph, Simulation, Outcome], Plan]
+"""``(graph, sim, outcome) -> Plan``: the plan of a program modelled as ``graph`` (``sim``, its
+simulation), with what it measured."""
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,11 @@ class LoopCandidate:
     gap: float
     seconds: float
     attempts: int
+
+    @property
+    def outcome(self) -> Outcome:
+        """What it measured and how it was found, as the planner's plans record it."""
+        return Outcome(self.measured, self.flops, self.status, self.gap, self.seconds, self.attempts)
 
 
 @dataclass(frozen=True)
@@ -138,7 +145,7 @@ class LoopSearch:
         graph = model_graph(trace(c.program, self.args, self.kwargs, self.argnums), self.cost_model)
         graph = dataclasses.replace(graph, plain_storage_scale=self.scale)
         sim = simulate(graph, Schedule(plain=True))
-        plan = self.make_plan(graph, sim, c.measured, c.flops, c.status, c.gap, c.seconds, c.attempts)
+        plan = self.make_plan(graph, sim, c.outcome)
         return dataclasses.replace(plan, recompute_flops=c.flops, loop_plan=c.loop)
 
 

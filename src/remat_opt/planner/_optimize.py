@@ -284,9 +284,8 @@ class OptimizedFunction:
         measured or counted; the cheapest that XLA fits, as a plan, if any; and the seconds CP-SAT
         spent choosing the bodies' saved values."""
 
-        def make_plan(graph, sim, measured, flops, status, gap, seconds, attempts):
-            return self._plan(run, graph, sim, Schedule(plain=True),
-                              Outcome(measured, flops, status, gap, seconds, attempts))
+        def make_plan(graph: ProgramGraph, sim: Simulation, outcome: Outcome) -> Plan:
+            return self._plan(run, graph, sim, Schedule(plain=True), outcome)
 
         call, budget = run.call, run.call.budget
         progress.stage("loop plans")
@@ -409,14 +408,10 @@ class OptimizedFunction:
 
     def _steering(self, run: Search) -> Steering:
         """This search's limits and stages, for CP-SAT's search steered by XLA (:mod:`remat_opt.planner._steering`)."""
-
-        def finish(sim, schedule, measured, program, status, gap, seconds, attempts):
-            return self._finish(run, sim, schedule, program, Outcome(measured, None, status, gap, seconds, attempts))
-
         options = run.call.options
         return Steering(options.solver, options.max_attempts, self.RELAX_SLACK, self.RETRY_MARGIN,
                         self.FALLBACK_CANDIDATES, self.MODEL_SLACK, functools.partial(self._program, run.graph),
-                        run.measure, finish, functools.partial(self._infeasible, run))
+                        run.measure, functools.partial(self._finish, run), functools.partial(self._infeasible, run))
 
     def _policy_plan(self, run: Search, candidate: PolicyCandidate, solve_seconds: float) -> Planned:
         """The plan of a measured whole-function policy; the model does not describe its program."""

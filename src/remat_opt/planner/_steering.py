@@ -36,6 +36,7 @@ from .._schedule import Schedule, Simulation
 from ..memory._simulate import simulate
 from ..program._graph import ProgramGraph
 from ..solve._solve import Solution, SolverClock, SolverOptions, low_memory_schedules, min_peak_schedule, solve
+from ._search_state import Outcome
 
 logger = logging.getLogger("remat_opt")
 
@@ -57,8 +58,9 @@ class Steering:
         model_slack: how far over the budget the model may put a schedule still worth a compile.
         program: the function rewritten under a schedule.
         measure: XLA's peak of a function's gradient step.
-        finish: the plan of a measured schedule, from (simulation, schedule, measured peak,
-            program, solver status, gap, solve seconds, attempts).
+        finish: the plan of a measured schedule, from its simulation, the schedule, its
+            program and what it measured (an :class:`Outcome`: peak, solver status, gap,
+            solve seconds, attempts; its FLOPs are counted by ``finish``).
         infeasible: the error for a budget below reach, from the lowest-memory schedule
             and its measured peak.
     """
@@ -71,7 +73,7 @@ class Steering:
     model_slack: float
     program: Callable[[Schedule], Callable[..., Any]]
     measure: Callable[[Callable[..., Any]], int]
-    finish: Callable[[Simulation, Schedule, int, Callable[..., Any], str, float, float, int], Planned]
+    finish: Callable[[Simulation, Schedule, Callable[..., Any], Outcome], Planned]
     infeasible: Callable[[Schedule, int], InfeasibleBudgetError]
 
 
@@ -207,8 +209,8 @@ def _measured(graph: ProgramGraph, budget: int, solution: Solution, target: _Tar
         step = measured - budget + budget // steering.retry_margin
         target.tighten(solution.schedule, sim.peak_bytes, step, fitting=search.best is not None)
         return True
-    plan = steering.finish(sim, solution.schedule, measured, program, solution.status, solution.gap,
-                           search.seconds, search.solves)
+    plan = steering.finish(sim, solution.schedule, program,
+                           Outcome(measured, None, solution.status, solution.gap, search.seconds, search.solves))
     if search.best is None or measured_flops_of(plan[0]) < measured_flops_of(search.best[0]):
         search.best, target.best = plan, target.value
     over_predicted = sim.peak_bytes - measured  # the model's error on this program, here
@@ -256,4 +258,5 @@ def lowest_memory_plan(graph: ProgramGraph, budget: int, ceiling_flops: int | No
     measured, _, schedule, program = min(fitting, key=lambda t: t[1])
     sim = simulate(graph, schedule)
     gap = max(0.0, (sim.recompute_flops - search.bound) / sim.recompute_flops) if sim.recompute_flops else 0.0
-    return steering.finish(sim, schedule, measured, program, "FEASIBLE", gap, search.seconds, search.solves + 1)
+    return steering.finish(sim, schedule, program,
+                           Outcome(measured, None, "FEASIBLE", gap, search.seconds, search.solves + 1))
