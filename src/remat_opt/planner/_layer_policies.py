@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._budget import format_bytes
+from ..cache._call import Call
 from ._timed import LADDER, per_layer_plan
 from ..memory._measure import gradient_flops
-from ..program._cost import CostModel
 from ..program._trace import TracedProgram, with_signature
 from ..rewrite._layers import LayerPlan, layer_program
 from ..solve._layers import layers_of
@@ -39,19 +39,19 @@ class LayerPolicyCandidate:
     measured: int = 0
 
 
-def counted_layer_policies(fn: Callable[..., Any], whole: TracedProgram, args: tuple, kwargs: dict, nums: Any,
-                           cost_model: CostModel | None, has_aux: bool,
-                           baseline_flops: int) -> list[LayerPolicyCandidate]:
-    """Each policy of :data:`remat_opt.planner._timed.LADDER` on every layer of ``fn`` (traced as ``whole``),
-    fenced, fewest recomputed FLOPs first; none where the program has no repeated layers."""
+def counted_layer_policies(call: Call, whole: TracedProgram, baseline_flops: int) -> list[LayerPolicyCandidate]:
+    """Each policy of :data:`remat_opt.planner._timed.LADDER` on every layer of ``call.fn`` (traced as
+    ``whole``), fenced, fewest FLOPs recomputed beyond ``baseline_flops`` first (counted on the call's
+    gradient step by its cost model); none where the program has no repeated layers."""
     layers = layers_of(whole)
     if layers is None:
         return []
     counted = []
     for policy in LADDER:
         plan = per_layer_plan(layers, [policy] * layers.count, fenced=True)
-        program = with_signature(fn, whole, layer_program(whole, plan))
-        flops = gradient_flops(program, args, kwargs, nums, cost_model, has_aux) - baseline_flops
+        program = with_signature(call.fn, whole, layer_program(whole, plan))
+        flops = gradient_flops(program, call.args, call.kwargs, call.nums, call.options.cost_model,
+                               call.has_aux) - baseline_flops
         counted.append(LayerPolicyCandidate(plan, program, flops))
     return sorted(counted, key=lambda c: c.flops)
 

@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._budget import format_bytes
+from .._options import PlanOptions
 from .._plan import Plan
 from .._schedule import Schedule, Simulation
 from ..memory._facts import model_graph
@@ -58,7 +59,6 @@ from ..program._scan_body import ScanBody, scan_body
 from ..program._trace import TracedProgram, planned_bodies, trace, with_signature
 from ..rewrite._loops import LoopPlan, loop_candidates, loop_program, recipe_candidates, scan_lengths, user_names
 from ..solve._body import BodyChoice, choose_saved
-from ..solve._solve import SolverOptions
 from ._search_state import Outcome
 
 logger = logging.getLogger("remat_opt")
@@ -191,11 +191,12 @@ def loop_plans(search: LoopSearch, ceiling_flops: int | None = None, nested_floo
     return plans
 
 
-def body_plans(search: LoopSearch, options: SolverOptions, max_attempts: int) -> list[LoopCandidate]:
+def body_plans(search: LoopSearch, options: PlanOptions) -> list[LoopCandidate]:
     """The loop saving nothing in the body of the program's one planned scan,
-    first, then the saved sets CP-SAT chose for it, each measured on XLA (see
-    the module's docstring). Empty for a program with no planned scan or
-    several (their bodies would share one budget)."""
+    first, then the saved sets CP-SAT chose for it (with ``options.solver``, at
+    most ``options.max_attempts`` compiles), each measured on XLA (see the
+    module's docstring). Empty for a program with no planned scan or several
+    (their bodies would share one budget)."""
     positions = planned_bodies(search.whole)
     if len(positions) != 1:
         return []
@@ -213,14 +214,15 @@ def body_plans(search: LoopSearch, options: SolverOptions, max_attempts: int) ->
     nothing = LoopCandidate(saving_nothing, program, flops, floor, status, gap, 0.0, 1)
     logger.info("%s body: %d equations, %d iterations; saving nothing in it peaks at %s on XLA",
                 kind, len(graph.units), body.length, format_bytes(floor))
-    return [nothing, *_saved_sets(search, graph, body, kind, floor, options, max_attempts)]
+    return [nothing, *_saved_sets(search, graph, body, kind, floor, options)]
 
 
 def _saved_sets(search: LoopSearch, graph: ProgramGraph, body: ScanBody, kind: str, floor: int,
-                options: SolverOptions, max_attempts: int) -> list[LoopCandidate]:
+                options: PlanOptions) -> list[LoopCandidate]:
     """The body's saved sets CP-SAT chooses under a per-iteration cap that XLA's
     measurements steer (the module's docstring), each measured; ``floor`` is the
     measured peak of the loop saving nothing."""
+    max_attempts = options.max_attempts
     plans: list[LoopCandidate] = []
     seen: set[tuple[str, ...]]  # the saved sets measured
     cap, seen, stretch, compiles = (search.budget - floor) // body.length, {()}, 1, 0
@@ -234,7 +236,7 @@ def _saved_sets(search: LoopSearch, graph: ProgramGraph, body: ScanBody, kind: s
         if cap <= 0 or compiles == max_attempts:
             break
         start = time.perf_counter()
-        choice = choose_saved(graph, cap, options)
+        choice = choose_saved(graph, cap, options.solver)
         seconds = time.perf_counter() - start
         # The same set again, or one no cheaper than a set that fits: reach further, or stop.
         if choice.saved in seen or choice.recompute_flops >= fitting_flops:

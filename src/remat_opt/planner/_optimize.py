@@ -195,8 +195,7 @@ class OptimizedFunction:
         # jax.checkpoint around fn with a built-in policy that recomputes nothing:
         # when XLA fits it (it can keep less than fn as written), nothing beats it.
         progress.stage("JAX's policies")
-        policies = counted_policies(self.fn, call.args, call.kwargs, call.nums, call.options.cost_model,
-                                    call.has_aux, baseline_flops, count_key)
+        policies = counted_policies(call, baseline_flops, count_key)
         free = measured_policies(policies, budget, measure, below_flops=1)
         if free and free[-1].measured <= budget:
             return self._policy_plan(run, free[-1], 0.0)
@@ -248,8 +247,7 @@ class OptimizedFunction:
         if is_sharded(call.args, call.kwargs):
             return None
         progress.stage("per-layer policies")
-        counted = counted_layer_policies(self.fn, run.model.whole, call.args, call.kwargs, call.nums,
-                                         call.options.cost_model, call.has_aux, run.baseline_flops)
+        counted = counted_layer_policies(call, run.model.whole, run.baseline_flops)
         found = cheapest_fitting(counted, call.budget, run.measure, below_flops)
         if found is None:
             return None
@@ -293,7 +291,7 @@ class OptimizedFunction:
                             call.options.cost_model, call.has_aux, run.whole_graph.plain_storage_scale,
                             run.baseline_flops, budget, run.measure, make_plan)
         # CP-SAT's body plans first: a built-in loop plan is measured only if it recomputes less.
-        bodies = body_plans(search, call.options.solver, call.options.max_attempts)
+        bodies = body_plans(search, call.options)
         body_ceiling = min((c.flops for c in bodies if c.measured <= budget), default=None)
         nothing_flops = bodies[0].flops if bodies else 0  # the loop saving nothing in the body comes first
         loops = [*bodies, *loop_plans(search, body_ceiling, nested_floor=nothing_flops)]

@@ -30,11 +30,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._budget import format_bytes
+from ..cache._call import Call
 from ..cache._counted import counted_flops
 from .._schedule import Schedule
 from ..memory._measure import gradient_flops
 from ..memory._simulate import simulate
-from ..program._cost import CostModel
 from ..program._graph import ProgramGraph
 from ..rewrite._policies import POLICIES, policy_program
 from ..solve._policy_saves import dot_names
@@ -59,18 +59,19 @@ class PolicyCandidate:
     measured: int
 
 
-def counted_policies(fn: Callable[..., Any], args: tuple, kwargs: dict, nums: Any, cost_model: CostModel | None,
-                     has_aux: bool, baseline_flops: int, key: str | None = None) -> list[PolicyCandidate]:
-    """Every built-in policy around ``fn`` JAX can differentiate, with the FLOPs it recomputes (not
-    measured yet: ``measured`` 0), each count kept under ``key`` (:mod:`remat_opt.cache._counted`).
+def counted_policies(call: Call, baseline_flops: int, key: str | None = None) -> list[PolicyCandidate]:
+    """Every built-in policy around ``call.fn`` JAX can differentiate, with the FLOPs it recomputes
+    beyond ``baseline_flops`` on the call's gradient step, counted by its cost model (not measured
+    yet: ``measured`` 0), each count kept under ``key`` (:mod:`remat_opt.cache._counted`).
     A saving policy fails on a program whose residuals include a complex value (JAX's
     ``reduce_precision`` on them rejects it); it is left out."""
     counted = []
     for name in POLICIES:
-        program = policy_program(fn, name)
+        program = policy_program(call.fn, name)
         try:
-            flops = counted_flops(key, name, functools.partial(gradient_flops, program, args, kwargs, nums,
-                                                               cost_model, has_aux)) - baseline_flops
+            flops = counted_flops(key, name, functools.partial(gradient_flops, program, call.args, call.kwargs,
+                                                               call.nums, call.options.cost_model,
+                                                               call.has_aux)) - baseline_flops
         except TypeError as err:
             logger.info("jax.checkpoint(fn, policy=%s) left out: %s", name, str(err).splitlines()[0])
             continue
