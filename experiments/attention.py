@@ -63,8 +63,8 @@ def main(argv: list[str] | None = None) -> int:
         return (peak - fixed) / MiB
 
     rows = []
-    for plan in (remat_opt.no_remat(spec.loss, params, batch, budget_bytes=plain),
-                 remat_opt.megatron_selective(spec.loss, params, batch, budget_bytes=plain)):
+    call = remat_opt.baselines.BaselineCall(spec.loss, (params, batch), budget_bytes=plain)
+    for plan in (remat_opt.no_remat(call), remat_opt.megatron_selective(call)):
         rows.append({"strategy": plan.strategy, "budget_bytes": None, "measured_peak_bytes": plan.measured_peak_bytes,
                      "activation_MiB": activations(plan.measured_peak_bytes),
                      "overhead": plan.measured_recompute_flops / plan.baseline_flops})

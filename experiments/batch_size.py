@@ -226,7 +226,8 @@ def baseline_program(
         return chen_program(loss, args)
     if kind == "revolve":  # its lowest-memory schedule, chosen by measuring, as remat_opt.revolve does
         graph = model_graph(trace(loss, args, {}, (0,)), None)
-        return apply_schedule(loss, graph, remat_opt.revolve(loss, *args, budget_bytes=1).schedule)
+        return apply_schedule(loss, graph, remat_opt.revolve(
+            remat_opt.baselines.BaselineCall(loss, args, budget_bytes=1)).schedule)
     raise ValueError(f"unknown strategy {strategy!r}")
 
 
@@ -235,18 +236,19 @@ def baseline_plan(
 ) -> remat_opt.Plan:
     """The baseline's own :class:`remat_opt.Plan` (public API) at these arguments."""
     kind, _, policy = strategy.partition("/")
+    call = remat_opt.baselines.BaselineCall(loss, args, budget_bytes=memory)
     if kind == "no_remat":
-        return remat_opt.no_remat(loss, *args, budget_bytes=memory)
+        return remat_opt.no_remat(call)
     if kind == "checkpoint":
-        return remat_opt.checkpoint_policy(loss, policy, *args, budget_bytes=memory)
+        return remat_opt.checkpoint_policy(call, policy)
     if kind == "layer_checkpoint":
-        return remat_opt.layer_checkpoint_policy(loss, policy, *args, budget_bytes=memory)
+        return remat_opt.layer_checkpoint_policy(call, policy)
     if kind == "megatron_selective":
-        return remat_opt.megatron_selective(loss, *args, budget_bytes=memory)
+        return remat_opt.megatron_selective(call)
     if kind == "chen_sqrt_n":
-        return remat_opt.chen_sqrt_n(loss, *args, budget_bytes=memory)
+        return remat_opt.chen_sqrt_n(call)
     if kind == "revolve":
-        return remat_opt.revolve(loss, *args, budget_bytes=memory)
+        return remat_opt.revolve(call)
     raise ValueError(f"unknown strategy {strategy!r}")
 
 

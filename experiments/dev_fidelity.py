@@ -34,7 +34,7 @@ from schedule_fidelity import baseline_schedules  # noqa: E402
 
 import remat_opt  # noqa: E402
 from remat_opt._schedule import Schedule  # noqa: E402
-from remat_opt.baselines._reference import Reference, reference  # noqa: E402
+from remat_opt.baselines._reference import BaselineCall, Reference, reference  # noqa: E402
 from remat_opt.memory import _facts  # noqa: E402
 from remat_opt.memory._simulate import simulate  # noqa: E402
 from remat_opt.rewrite._apply import apply_schedule  # noqa: E402
@@ -46,7 +46,7 @@ LABELS = ("chen", "chen2", "chen3", "chen4", "greedy0", "greedy3", "greedy6", "r
 def program_reference(name: str) -> Reference:
     """The development program's plain peak and calibrated graph, its facts read off XLA."""
     program = DEV_PROGRAMS[name]()
-    return reference(program.loss, program.args, {}, program.argnums, 1 << 40, None)
+    return reference(BaselineCall(program.loss, program.args, budget_bytes=1 << 40, argnums=program.argnums))
 
 
 PLAN_FRACTIONS = (0.8, 0.6)

@@ -194,17 +194,18 @@ def measure_baselines(program: Program, base: dict, policies: Iterable[str] = ()
         print(f"  {kind:8s} {strategy:44s} {describe(row)}", flush=True)
         return row
 
-    rows = [baseline("plain", "no_remat", lambda: remat_opt.no_remat(loss, *args, budget_bytes=NO_BUDGET, argnums=nums))]
+    call = remat_opt.baselines.BaselineCall(loss, tuple(args), budget_bytes=NO_BUDGET, argnums=nums)
+    rows = [baseline("plain", "no_remat", lambda: remat_opt.no_remat(call))]
     plain = rows[0].get("plain_peak_bytes")
     if plain is None:
         return rows
     print(f"  plain peak {plain / MiB:.2f} MiB, parameters {base['param_bytes'] / MiB:.2f} MiB", flush=True)
     for strategy in schedules:
         fn = SCHEDULES[strategy]
-        rows.append(baseline("schedule", strategy, lambda fn=fn: fn(loss, *args, budget_bytes=NO_BUDGET, argnums=nums)))
+        rows.append(baseline("schedule", strategy, lambda fn=fn: fn(call)))
     for policy in policies:  # for the plans' best baseline
-        rows.append(baseline("policy", f"checkpoint/{policy}", lambda policy=policy: remat_opt.checkpoint_policy(
-            loss, policy, *args, budget_bytes=NO_BUDGET, argnums=nums)))
+        rows.append(baseline("policy", f"checkpoint/{policy}",
+                             lambda policy=policy: remat_opt.checkpoint_policy(call, policy)))
     return rows
 
 

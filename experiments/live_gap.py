@@ -28,7 +28,7 @@ from heldout import SETS  # noqa: E402
 from schedule_fidelity import baseline_schedules  # noqa: E402
 
 import remat_opt  # noqa: E402
-from remat_opt.baselines._reference import reference  # noqa: E402
+from remat_opt.baselines._reference import BaselineCall, reference  # noqa: E402
 from remat_opt.memory._simulate import simulate  # noqa: E402
 from remat_opt.rewrite._apply import apply_schedule  # noqa: E402
 
@@ -39,7 +39,7 @@ TOLERANCE = 0.05
 
 def program_rows(name: str, program) -> list[dict]:
     """One row per schedule of ``LABELS``: the prediction, XLA's allocated and live bytes."""
-    ref = reference(program.loss, program.args, {}, program.argnums, 1 << 40, None)
+    ref = reference(BaselineCall(program.loss, program.args, budget_bytes=1 << 40, argnums=program.argnums))
     schedules = baseline_schedules(ref.graph)
     rows = []
     for label in LABELS:

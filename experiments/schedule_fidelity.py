@@ -35,7 +35,7 @@ from remat_opt.program._graph import ProgramGraph  # noqa: E402
 from remat_opt.memory._simulate import simulate  # noqa: E402
 from remat_opt.solve._nesting import revolve_schedules  # noqa: E402
 from remat_opt.rewrite._apply import apply_schedule  # noqa: E402
-from remat_opt.baselines._reference import Reference, reference  # noqa: E402
+from remat_opt.baselines._reference import BaselineCall, Reference, reference  # noqa: E402
 from remat_opt._schedule import Schedule  # noqa: E402
 from remat_opt.zoo import MODELS  # noqa: E402
 
@@ -47,7 +47,7 @@ def model_reference(name: str, config=None, xla_facts: bool = True) -> tuple[Ref
     calibrated graph (its facts read off XLA's compiled program unless ``xla_facts`` is off)."""
     spec = MODELS[name]
     params, batch = spec.init(config or spec.default_config, jax.random.PRNGKey(0))
-    return reference(spec.loss, (params, batch), {}, 0, 1 << 40, None, xla_facts), (params, batch)
+    return reference(BaselineCall(spec.loss, (params, batch), budget_bytes=1 << 40), xla_facts), (params, batch)
 
 
 def baseline_schedules(graph: ProgramGraph) -> dict[str, Schedule]:

@@ -56,7 +56,7 @@ except ImportError:
 
 import remat_opt
 from remat_opt.cache._cache import list_entries
-from remat_opt.baselines._reference import policy_plan, reference
+from remat_opt.baselines._reference import BaselineCall, policy_plan, reference
 from remat_opt.memory._measure import traced_step
 from remat_opt.memory._sharded import collective_bytes
 from remat_opt.program._traced_layout import traced_layout
@@ -169,7 +169,7 @@ def baselines(loss, args, budget: int) -> dict:
     """The fenced per-layer policies (the per-layer plans XLA does not undo), measured as the plan is,
     with the collective bytes XLA's compiled step moves per device (a collective the policy
     recomputes moves again)."""
-    ref = reference(loss, args, {}, 0, budget, None)
+    ref = reference(BaselineCall(loss, args, budget_bytes=budget))
     out = {}
     for policy in POLICIES:
         program = layer_policy_program(loss, policy, fenced=True)

@@ -9,7 +9,7 @@ import pytest
 
 import remat_opt
 from remat_opt import Schedule, peak_bytes
-from remat_opt.baselines._reference import reference
+from remat_opt.baselines._reference import BaselineCall, reference
 from remat_opt.memory import model_graph
 from remat_opt.memory._measure import gradient_flops, memory_of
 from remat_opt.memory._simulate import calibrate, simulate
@@ -46,7 +46,7 @@ def graph(gpt):
     """The program graph as every strategy's is: with XLA's facts about the plain
     compile (a transpose's scratch among them), calibrated on its peak."""
     loss, params, batch = gpt
-    return reference(loss, (params, batch), {}, 0, BUDGET, None).graph
+    return reference(BaselineCall(loss, (params, batch), budget_bytes=BUDGET)).graph
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +60,8 @@ def plain_step(gpt):
 def plans(gpt):
     loss, params, batch = gpt
     # Two policies keep the test fast; the per-layer dots policy is also Megatron's.
-    plans = remat_opt.all_baselines(loss, params, batch, BUDGET, policies=POLICIES_TESTED, measure_top=1)
+    plans = remat_opt.all_baselines(BaselineCall(loss, (params, batch), budget_bytes=BUDGET), policies=POLICIES_TESTED,
+                                    measure_top=1)
     return {p.strategy: p for p in plans}
 
 
@@ -208,14 +209,14 @@ def test_chen_schedules_on_a_chain():
 def test_argument_errors(gpt):
     loss, params, batch = gpt
     with pytest.raises(ValueError, match="policy must be one of"):
-        remat_opt.checkpoint_policy(loss, "save_everything", params, batch, budget_bytes=BUDGET)
+        remat_opt.checkpoint_policy(BaselineCall(loss, (params, batch), budget_bytes=BUDGET), "save_everything")
     with pytest.raises(TypeError, match="layer_wrapper"):
-        remat_opt.layer_checkpoint_policy(lambda p, b: loss(p, b), "dots_saveable", params, batch,
-                                          budget_bytes=BUDGET)
+        remat_opt.layer_checkpoint_policy(BaselineCall(lambda p, b: loss(p, b), (params, batch), budget_bytes=BUDGET),
+                                          "dots_saveable")
     with pytest.raises(ValueError, match="budget_bytes"):
-        remat_opt.no_remat(loss, params, batch, budget_bytes=-1)
+        remat_opt.no_remat(BaselineCall(loss, (params, batch), budget_bytes=-1))
     with pytest.raises(ValueError, match="num_segments"):
-        remat_opt.chen_sqrt_n(loss, params, batch, budget_bytes=BUDGET, num_segments=0)
+        remat_opt.chen_sqrt_n(BaselineCall(loss, (params, batch), budget_bytes=BUDGET), num_segments=0)
 
 
 @pytest.mark.xfail(not jax.__version__.startswith("0.10."), strict=False, reason=(
@@ -229,7 +230,7 @@ def test_stored_activations_smaller_than_a_weight_sit_in_its_gradient_buffer():
     spec = MODELS["unet"]
     params, batch = spec.init(UNetConfig(length=32, in_channels=2, out_channels=1, widths=(8, 16, 32), batch=4),
                               jax.random.PRNGKey(0))
-    plan = remat_opt.chen_sqrt_n(spec.loss, params, batch, budget_bytes=BUDGET)
+    plan = remat_opt.chen_sqrt_n(BaselineCall(spec.loss, (params, batch), budget_bytes=BUDGET))
     assert plan.num_segments > 2
     error = plan.predicted_peak_bytes / plan.measured_peak_bytes - 1
     assert abs(error) <= 0.05, str(plan)

@@ -7,7 +7,7 @@ from remat_opt import Schedule
 from remat_opt.memory import _branch
 from remat_opt.memory._simulate import simulate, simulated
 from remat_opt.rewrite._apply import apply_schedule
-from remat_opt.baselines._reference import reference
+from remat_opt.baselines._reference import BaselineCall, reference
 
 WIDTH = 128
 
@@ -25,7 +25,7 @@ def deep_beside_wide(p, x):
 def branch_reference():
     p = {"chain": [jnp.full((WIDTH, WIDTH), 0.01) for _ in range(6)], "up": jnp.full((WIDTH, 8 * WIDTH), 0.01),
          "down": jnp.full((8 * WIDTH, WIDTH), 0.01), "out": jnp.full((WIDTH, WIDTH), 0.01)}
-    return reference(deep_beside_wide, (p, jnp.ones((1024, WIDTH))), {}, 0, "1GiB", None)
+    return reference(BaselineCall(deep_beside_wide, (p, jnp.ones((1024, WIDTH))), budget_bytes="1GiB"))
 
 
 def test_prediction_follows_xla_where_the_at_once_count_does_not(branch_reference, monkeypatch):

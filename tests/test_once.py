@@ -7,7 +7,7 @@ import pytest
 
 import remat_opt
 from remat_opt import Schedule
-from remat_opt.baselines._reference import reference
+from remat_opt.baselines._reference import BaselineCall, reference
 from remat_opt.memory import _simulate
 from remat_opt.memory._once import MULTI_OPERAND_ELEMENTWISE, computed_once, once_values
 from remat_opt.memory._simulate import simulate, simulated
@@ -51,7 +51,7 @@ def test_xla_keeps_the_conditional():
 @pytest.fixture(scope="module")
 def gpt_reference(small_gpt):
     loss, params, batch = small_gpt
-    return reference(loss, (params, batch), {}, 0, "1GiB", None)
+    return reference(BaselineCall(loss, (params, batch), budget_bytes="1GiB"))
 
 
 def test_once_values_only_where_names_are_saved(gpt_reference):
@@ -93,7 +93,7 @@ def test_a_value_computed_once_frees_the_source_of_fused_residuals(monkeypatch):
     params = [(jax.random.normal(jax.random.fold_in(key, i), (128, 128)) / 128**0.5, jnp.ones(128))
               for i in range(6)]
     x = jax.random.normal(key, (256, 128))
-    ref = reference(norm_blocks, (params, x), {}, 0, "1GiB", None)
+    ref = reference(BaselineCall(norm_blocks, (params, x), budget_bytes="1GiB"))
     graph = ref.graph
     subs = [v for v in range(graph.num_nodes) if graph.units[graph.node_unit[v]].name
             and graph.units[graph.node_unit[graph.units[graph.node_unit[v]].inputs[0]]].primitive == "sub"]

@@ -10,7 +10,7 @@ import pytest
 import remat_opt
 from remat_opt import InfeasibleBudgetError, Schedule, peak_bytes
 from remat_opt.cache import _lowest
-from remat_opt.baselines._reference import reference
+from remat_opt.baselines._reference import BaselineCall, reference
 from remat_opt.memory import model_graph
 from remat_opt.memory._measure import abstract
 from remat_opt.memory._once import once_values
@@ -77,7 +77,7 @@ def test_stored_values_computed_once_lower_xla_peak(small_gpt, gpt_plans):
     # values computed once, and the same schedule without the conditionals holds more on XLA.
     loss, params, batch = small_gpt
     _, plan = gpt_plans[1][0.85]
-    ref = reference(loss, (params, batch), {}, 0, "1GiB", None)
+    ref = reference(BaselineCall(loss, (params, batch), budget_bytes="1GiB"))
     assert plan.schedule.saved
     assert plan.computed_once == len(once_values(ref.graph, plan.schedule)) > 0
     assert f"{plan.computed_once} stored value(s) computed once" in str(plan)

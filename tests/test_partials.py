@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from remat_opt._schedule import Schedule
-from remat_opt.baselines._reference import reference
+from remat_opt.baselines._reference import BaselineCall, reference
 from remat_opt.memory import simulate
 from remat_opt.memory._compiled import deferred_sums
 from remat_opt.rewrite._apply import apply_schedule
@@ -37,7 +37,7 @@ def cell():
     params = {"wx": jnp.asarray(rng.normal(size=(D_IN, 2 * HIDDEN)) / 4, jnp.float32),
               "wh": jnp.asarray(rng.normal(size=(HIDDEN, 2 * HIDDEN)) / 12, jnp.float32)}
     xs = jnp.asarray(rng.normal(size=(STEPS, BATCH, D_IN)), jnp.float32)
-    return reference(gated_cell, (params, xs), {}, 0, 1 << 40, None)
+    return reference(BaselineCall(gated_cell, (params, xs), budget_bytes=1 << 40))
 
 
 def test_the_recurrent_weight_is_summed_at_the_end(cell):

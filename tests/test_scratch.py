@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from remat_opt._schedule import Schedule
-from remat_opt.baselines._reference import reference
+from remat_opt.baselines._reference import BaselineCall, reference
 from remat_opt.memory import simulate
 from remat_opt.memory._scratch import transpose_scratch
 from remat_opt.memory._simulate import calibrate
@@ -60,7 +60,7 @@ def test_max_pooling_index_search_is_read_as_scratch_of_its_forward_part():
     """XLA:CPU finds the pool's maxima with index buffers of the padded input;
     they read forward values only, so they count as the transpose's forward part."""
     args = _args(False)
-    ref = reference(pooled_net, args, {}, 0, 1 << 40, None)
+    ref = reference(BaselineCall(pooled_net, args, budget_bytes=1 << 40))
     pool = _eqn_of(pooled_net, args, "reduce_window_max")
     (unit,) = [u.index for u in ref.graph.units if u.position in pool and u.primitive == "reduce_window_max"]
     backward, forward, held = ref.graph.scratch[unit]
@@ -121,7 +121,7 @@ def test_scratch_the_backward_reads_is_held_where_the_pool_runs_as_written():
     Counted there (and so in the calibration on the plain program), the model
     comes closer to XLA's peak; where the pool is fenced, nothing changes."""
     args = _args(False)
-    ref = reference(pooled_net, args, {}, 0, 1 << 40, None)
+    ref = reference(BaselineCall(pooled_net, args, budget_bytes=1 << 40))
     graph = ref.graph
     unheld = calibrate(dataclasses.replace(graph, scratch=tuple((b, f, 0) for b, f, _ in graph.scratch)),
                        ref.plain_peak_bytes)
@@ -148,7 +148,7 @@ def test_scratch_brings_fenced_schedules_closer_to_xla(net, nchw):
     within 10% each (the model without it misses the NHWC cotangents and the
     pool's index buffers)."""
     args = _args(nchw)
-    ref = reference(net, args, {}, 0, 1 << 40, None)
+    ref = reference(BaselineCall(net, args, budget_bytes=1 << 40))
     without = dataclasses.replace(ref.graph, scratch=())
     n = ref.graph.num_positions
     errors = []

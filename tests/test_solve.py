@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from remat_opt.baselines._reference import reference
+from remat_opt.baselines._reference import BaselineCall, reference
 from remat_opt import InfeasibleBudgetError, Schedule
 from remat_opt.memory import _simulate
 from remat_opt.solve._encoding import cut_candidates, save_candidates
@@ -298,7 +298,7 @@ def test_a_search_the_wall_clock_stops_is_reported(small_gpt, caplog):
     # The deterministic limit makes a time-out repeatable; when the wall-clock
     # cap stops CP-SAT first, the plan may change from run to run: the log says so.
     loss, params, batch = small_gpt
-    ref = reference(loss, (params, batch), {}, 0, 1 << 40, None)
+    ref = reference(BaselineCall(loss, (params, batch), budget_bytes=1 << 40))
     budget = int(0.6 * ref.plain_peak_bytes)
     with caplog.at_level(logging.WARNING, logger="remat_opt"):
         solve(ref.graph, budget, SolverOptions(deterministic_time_limit=0.05, whole_graph=True))
@@ -317,7 +317,7 @@ def test_a_large_program_of_blocks_takes_the_decomposition_by_default():
     config = GPTConfig(num_layers=4, d_model=64, num_heads=2, seq_len=64, batch=2, vocab=64)
     params, batch = gpt.init(config, jax.random.PRNGKey(0))
     loss = gpt.loss
-    ref = reference(loss, (params, batch), {}, 0, 1 << 40, None)
+    ref = reference(BaselineCall(loss, (params, batch), budget_bytes=1 << 40))
     assert ref.graph.num_positions > WHOLE_GRAPH_POSITIONS
     budget = int(0.6 * ref.plain_peak_bytes)
     default = solve(ref.graph, budget)

@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import pytest
 
 from remat_opt import Schedule
-from remat_opt.baselines._reference import reference
+from remat_opt.baselines._reference import BaselineCall, reference
 from remat_opt.memory._simulate import simulate
 from remat_opt.rewrite._apply import apply_schedule
 
@@ -25,7 +25,7 @@ def skip_read_by_an_add(p, x):
 @pytest.fixture(scope="module")
 def skip_reference():
     p = {"in": jnp.full((WIDTH, WIDTH), 0.01), "chain": [jnp.full((WIDTH, WIDTH), 0.01) for _ in range(6)]}
-    return reference(skip_read_by_an_add, (p, jnp.ones((1024, WIDTH))), {}, 0, "1GiB", None)
+    return reference(BaselineCall(skip_read_by_an_add, (p, jnp.ones((1024, WIDTH))), budget_bytes="1GiB"))
 
 
 @pytest.mark.parametrize("cuts", [(2, 6, 9), (2, 5, 9, 12), (3, 9, 12)])

@@ -1,9 +1,10 @@
 """Baseline strategies, measured the same way and returned as the same :class:`Plan`.
 
-Each strategy is one public function that builds its program, measures it on
-XLA (:func:`remat_opt.peak_bytes`) and counts its FLOPs on the jaxpr, exactly as
-:func:`remat_opt.optimize` does for its own plans, so that the two can be put
-in one table:
+Each strategy is one public function that takes what it is measured with (a
+:class:`~remat_opt.baselines.BaselineCall`: the function, its arguments, the budget),
+builds its program, measures it on XLA (:func:`remat_opt.peak_bytes`) and counts
+its FLOPs on the jaxpr, exactly as :func:`remat_opt.optimize` does for its own
+plans, so that the two can be put in one table:
 
 * :func:`no_remat` — the function as written.
 * :func:`checkpoint_policy` — ``jax.checkpoint(fn, policy=...)`` around the
@@ -25,9 +26,10 @@ and showing that is part of the point. Their plans carry no model prediction
 
 Example:
     >>> import jax, jax.numpy as jnp, remat_opt
+    >>> from remat_opt.baselines import BaselineCall
     >>> loss = lambda ws, x: jnp.sum(jnp.tanh(jnp.tanh(x @ ws[0]) @ ws[1]))
     >>> ws, x = [jnp.ones((8, 8)) / 8] * 2, jnp.ones((4, 8))
-    >>> plan = remat_opt.checkpoint_policy(loss, "nothing_saveable", ws, x, budget_bytes="1MiB")
+    >>> plan = remat_opt.checkpoint_policy(BaselineCall(loss, (ws, x), budget_bytes="1MiB"), "nothing_saveable")
     >>> plan.strategy, plan.measured_recompute_flops > 0
     ('checkpoint/nothing_saveable', True)
 """
@@ -35,18 +37,16 @@ Example:
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
 
 from ..solve._baseline_picks import MEASURE_TOP, greedy_picks, lowest_predicted
 from ..solve._chen import chen_sqrt_n_schedule
-from ..program._cost import CostModel
 from ..solve._nesting import MAX_DEPTH, chain_steps, revolve_schedule, revolve_schedules
 from ..rewrite._apply import apply_schedule
 from .._plan import Plan
 from ..rewrite._policies import POLICIES, layer_policy_program, policy_program
-from ._reference import Reference, policy_plan, reference, schedule_plan
+from ._reference import BaselineCall, Reference, policy_plan, reference, schedule_plan
 from .._schedule import Schedule
 
 
@@ -96,62 +96,39 @@ def _revolve(ref: Reference, snapshots: int | None, measure_top: int) -> Plan:
 # --------------------------------------------------------------------------- public API
 
 
-def no_remat(
-    fn: Callable[..., Any],
-    *args: Any,
-    budget_bytes: int | str,
-    argnums: int | Sequence[int] = 0,
-    cost_model: CostModel | None = None,
-    **kwargs: Any,
-) -> Plan:
+def no_remat(call: BaselineCall) -> Plan:
     """The function as written: no rematerialization.
 
     Args:
-        fn: the loss function, returning a scalar.
-        *args: its positional arguments (arrays or ``jax.ShapeDtypeStruct``).
-        budget_bytes: the budget the plan is compared against (``plan.fits``).
-        argnums: positional arguments that are differentiated.
-        cost_model: FLOPs per equation; the default counts dots and convs exactly.
-        **kwargs: keyword arguments of ``fn``, not differentiated.
+        call: the function, its arguments, the budget the plan is compared against
+            (``plan.fits``), what is differentiated and how FLOPs are counted.
 
     Returns:
         A measured :class:`Plan` with ``strategy="no_remat"``, zero recompute,
         and the model's prediction for the plain program.
 
     Raises:
-        TypeError: ``fn`` is not callable, or an argument has the wrong type.
-        ValueError: ``budget_bytes`` or ``argnums`` is invalid.
+        TypeError: ``call.fn`` is not callable, or an argument has the wrong type.
+        ValueError: ``call.budget_bytes`` or ``call.argnums`` is invalid.
 
     Example:
         >>> import jax.numpy as jnp, remat_opt
+        >>> from remat_opt.baselines import BaselineCall
         >>> w = jnp.ones((8, 8))
-        >>> remat_opt.no_remat(lambda w: jnp.sum(jnp.tanh(w @ w)), w, budget_bytes="1MiB").fits
+        >>> remat_opt.no_remat(BaselineCall(lambda w: jnp.sum(jnp.tanh(w @ w)), (w,), budget_bytes="1MiB")).fits
         True
     """
-    return _no_remat(reference(fn, args, kwargs, argnums, budget_bytes, cost_model))
+    return _no_remat(reference(call))
 
 
-def checkpoint_policy(
-    fn: Callable[..., Any],
-    policy: str,
-    *args: Any,
-    budget_bytes: int | str,
-    argnums: int | Sequence[int] = 0,
-    cost_model: CostModel | None = None,
-    **kwargs: Any,
-) -> Plan:
-    """``jax.checkpoint(fn, policy=...)`` around the whole function.
+def checkpoint_policy(call: BaselineCall, policy: str) -> Plan:
+    """``jax.checkpoint(fn, policy=...)`` around the whole function ``call.fn``.
 
     Args:
-        fn: the loss function, returning a scalar.
+        call: the function, its arguments and the budget the plan is compared against.
         policy: a name in :data:`POLICIES` (``"nothing_saveable"``,
             ``"dots_saveable"``, ``"dots_with_no_batch_dims_saveable"``,
             ``"everything_saveable"``).
-        *args: its positional arguments.
-        budget_bytes: the budget the plan is compared against.
-        argnums: positional arguments that are differentiated.
-        cost_model: FLOPs per equation.
-        **kwargs: keyword arguments of ``fn``, not differentiated.
 
     Returns:
         A measured :class:`Plan` with ``strategy="checkpoint/<policy>"`` and no
@@ -159,74 +136,57 @@ def checkpoint_policy(
 
     Raises:
         ValueError: ``policy`` is not a known name, or another argument is invalid.
-        TypeError: ``fn`` is not callable.
+        TypeError: ``call.fn`` is not callable.
 
     Example:
         >>> import jax.numpy as jnp, remat_opt
+        >>> from remat_opt.baselines import BaselineCall
         >>> loss = lambda w: jnp.sum(jnp.tanh(jnp.tanh(w @ w) @ w))
-        >>> remat_opt.checkpoint_policy(loss, "dots_saveable", jnp.ones((8, 8)), budget_bytes=1 << 20).status
+        >>> call = BaselineCall(loss, (jnp.ones((8, 8)),), budget_bytes=1 << 20)
+        >>> remat_opt.checkpoint_policy(call, "dots_saveable").status
         'BASELINE'
     """
-    program = policy_program(fn, policy)
-    ref = reference(fn, args, kwargs, argnums, budget_bytes, cost_model)
+    program = policy_program(call.fn, policy)
+    ref = reference(call)
     return policy_plan(ref, f"checkpoint/{policy}", program)
 
 
-def layer_checkpoint_policy(
-    loss: Callable[..., Any],
-    policy: str,
-    *args: Any,
-    budget_bytes: int | str,
-    argnums: int | Sequence[int] = 0,
-    cost_model: CostModel | None = None,
-    **kwargs: Any,
-) -> Plan:
-    """``jax.checkpoint(layer, policy=...)`` around each layer of ``loss``.
+def layer_checkpoint_policy(call: BaselineCall, policy: str) -> Plan:
+    """``jax.checkpoint(layer, policy=...)`` around each layer of the loss ``call.fn``.
 
-    ``loss`` must take the zoo's ``layer_wrapper`` keyword (see
+    The loss must take the zoo's ``layer_wrapper`` keyword (see
     :mod:`remat_opt.zoo`): it is called with
     ``layer_wrapper=lambda f: jax.checkpoint(f, policy=...)``.
 
     Args:
-        loss: the loss function, taking ``layer_wrapper``.
+        call: the loss (taking ``layer_wrapper``), its arguments and the budget the
+            plan is compared against.
         policy: a name in :data:`POLICIES`.
-        *args: its positional arguments.
-        budget_bytes: the budget the plan is compared against.
-        argnums: positional arguments that are differentiated.
-        cost_model: FLOPs per equation.
-        **kwargs: other keyword arguments of ``loss``, not differentiated.
 
     Returns:
         A measured :class:`Plan` with ``strategy="layer_checkpoint/<policy>"``
         and no prediction.
 
     Raises:
-        TypeError: ``loss`` takes no ``layer_wrapper``.
+        TypeError: the loss takes no ``layer_wrapper``.
         ValueError: ``policy`` is not a known name, or another argument is invalid.
 
     Example:
         >>> import jax, remat_opt
+        >>> from remat_opt.baselines import BaselineCall
         >>> from remat_opt.zoo import MODELS, MLPConfig
         >>> spec = MODELS["mlp"]
         >>> params, batch = spec.init(MLPConfig(depth=2, width=8, batch=4), jax.random.key(0))
-        >>> plan = remat_opt.layer_checkpoint_policy(spec.loss, "nothing_saveable", params, batch,
-        ...                                          budget_bytes="1MiB")
-        >>> plan.strategy
+        >>> call = BaselineCall(spec.loss, (params, batch), budget_bytes="1MiB")
+        >>> remat_opt.layer_checkpoint_policy(call, "nothing_saveable").strategy
         'layer_checkpoint/nothing_saveable'
     """
-    program = layer_policy_program(loss, policy)
-    ref = reference(loss, args, kwargs, argnums, budget_bytes, cost_model)
+    program = layer_policy_program(call.fn, policy)
+    ref = reference(call)
     return policy_plan(ref, f"layer_checkpoint/{policy}", program)
 
 
-def megatron_selective(
-    loss: Callable[..., Any],
-    *args: Any,
-    budget_bytes: int | str,
-    argnums: int | Sequence[int] = 0,
-    cost_model: CostModel | None = None,
-    **kwargs: Any,
-) -> Plan:
+def megatron_selective(call: BaselineCall) -> Plan:
     """Megatron-LM selective activation recompute, as JAX expresses it.
 
     Megatron keeps each layer's linear-layer outputs and recomputes the
@@ -241,18 +201,14 @@ def megatron_selective(
     program is the same as :func:`layer_checkpoint_policy` with that policy.
 
     Args:
-        loss: the loss function, taking the zoo's ``layer_wrapper``.
-        *args: its positional arguments.
-        budget_bytes: the budget the plan is compared against.
-        argnums: positional arguments that are differentiated.
-        cost_model: FLOPs per equation.
-        **kwargs: other keyword arguments of ``loss``, not differentiated.
+        call: the loss (taking the zoo's ``layer_wrapper``), its arguments and the
+            budget the plan is compared against.
 
     Returns:
         A measured :class:`Plan` with ``strategy="megatron_selective"``.
 
     Raises:
-        TypeError: ``loss`` takes no ``layer_wrapper``.
+        TypeError: the loss takes no ``layer_wrapper``.
 
     References:
         V. Korthikanti, J. Casper, S. Lym, L. McAfee, M. Andersch, M. Shoeybi,
@@ -261,27 +217,20 @@ def megatron_selective(
 
     Example:
         >>> import jax, remat_opt
+        >>> from remat_opt.baselines import BaselineCall
         >>> from remat_opt.zoo import MODELS, GPTConfig
         >>> spec = MODELS["gpt"]
         >>> config = GPTConfig(num_layers=1, d_model=16, num_heads=2, seq_len=8, batch=1, vocab=16)
         >>> params, batch = spec.init(config, jax.random.key(0))
-        >>> remat_opt.megatron_selective(spec.loss, params, batch, budget_bytes="1MiB").strategy
+        >>> remat_opt.megatron_selective(BaselineCall(spec.loss, (params, batch), budget_bytes="1MiB")).strategy
         'megatron_selective'
     """
-    program = layer_policy_program(loss, "dots_with_no_batch_dims_saveable")
-    ref = reference(loss, args, kwargs, argnums, budget_bytes, cost_model)
+    program = layer_policy_program(call.fn, "dots_with_no_batch_dims_saveable")
+    ref = reference(call)
     return policy_plan(ref, "megatron_selective", program)
 
 
-def chen_sqrt_n(
-    fn: Callable[..., Any],
-    *args: Any,
-    budget_bytes: int | str,
-    num_segments: int | None = None,
-    argnums: int | Sequence[int] = 0,
-    cost_model: CostModel | None = None,
-    **kwargs: Any,
-) -> Plan:
+def chen_sqrt_n(call: BaselineCall, *, num_segments: int | None = None) -> Plan:
     """Chen et al.'s sqrt(n) checkpointing, run through remat_opt's fenced rewriter.
 
     See :func:`chen_sqrt_n_schedule` for where the cuts go. Each segment's
@@ -289,14 +238,9 @@ def chen_sqrt_n(
     that XLA keeps the recomputation in the backward pass.
 
     Args:
-        fn: the loss function, returning a scalar.
-        *args: its positional arguments.
-        budget_bytes: the budget the plan is compared against.
+        call: the function, its arguments and the budget the plan is compared against.
         num_segments: ``k``; ``None`` for ``round(sqrt(n))`` over the ``n``
             primal equations.
-        argnums: positional arguments that are differentiated.
-        cost_model: FLOPs per equation.
-        **kwargs: keyword arguments of ``fn``, not differentiated.
 
     Returns:
         A measured :class:`Plan` with ``strategy="chen_sqrt_n"``, its schedule
@@ -311,27 +255,20 @@ def chen_sqrt_n(
 
     Example:
         >>> import jax.numpy as jnp, remat_opt
+        >>> from remat_opt.baselines import BaselineCall
         >>> def loss(w, x):
         ...     for _ in range(4):
         ...         x = jnp.tanh(x @ w)
         ...     return jnp.sum(x)
-        >>> plan = remat_opt.chen_sqrt_n(loss, jnp.ones((8, 8)), jnp.ones((4, 8)), budget_bytes="1MiB")
-        >>> plan.num_segments > 1
+        >>> call = BaselineCall(loss, (jnp.ones((8, 8)), jnp.ones((4, 8))), budget_bytes="1MiB")
+        >>> remat_opt.chen_sqrt_n(call).num_segments > 1
         True
     """
     _check_positive("num_segments", num_segments, allow_none=True)
-    return _chen_sqrt_n(reference(fn, args, kwargs, argnums, budget_bytes, cost_model), num_segments)
+    return _chen_sqrt_n(reference(call), num_segments)
 
 
-def chen_greedy(
-    fn: Callable[..., Any],
-    *args: Any,
-    budget_bytes: int | str,
-    measure_top: int = MEASURE_TOP,
-    argnums: int | Sequence[int] = 0,
-    cost_model: CostModel | None = None,
-    **kwargs: Any,
-) -> Plan:
+def chen_greedy(call: BaselineCall, *, measure_top: int = MEASURE_TOP) -> Plan:
     """Chen et al.'s greedy checkpointing, with its segment budget searched.
 
     Every distinct schedule of :func:`chen_greedy_candidates` is simulated;
@@ -339,13 +276,8 @@ def chen_greedy(
     the lowest measured one is returned (ties: fewer segments).
 
     Args:
-        fn: the loss function, returning a scalar.
-        *args: its positional arguments.
-        budget_bytes: the budget the plan is compared against.
+        call: the function, its arguments and the budget the plan is compared against.
         measure_top: how many candidates to compile and measure.
-        argnums: positional arguments that are differentiated.
-        cost_model: FLOPs per equation.
-        **kwargs: keyword arguments of ``fn``, not differentiated.
 
     Returns:
         A measured :class:`Plan` with ``strategy="chen_greedy"``; ``attempts``
@@ -360,27 +292,20 @@ def chen_greedy(
 
     Example:
         >>> import jax.numpy as jnp, remat_opt
+        >>> from remat_opt.baselines import BaselineCall
         >>> def loss(w, x):
         ...     for _ in range(4):
         ...         x = jnp.tanh(x @ w)
         ...     return jnp.sum(x)
-        >>> remat_opt.chen_greedy(loss, jnp.ones((8, 8)), jnp.ones((4, 8)), budget_bytes="1MiB").strategy
+        >>> call = BaselineCall(loss, (jnp.ones((8, 8)), jnp.ones((4, 8))), budget_bytes="1MiB")
+        >>> remat_opt.chen_greedy(call).strategy
         'chen_greedy'
     """
     _check_positive("measure_top", measure_top)
-    return _chen_greedy(reference(fn, args, kwargs, argnums, budget_bytes, cost_model), measure_top)
+    return _chen_greedy(reference(call), measure_top)
 
 
-def revolve(
-    fn: Callable[..., Any],
-    *args: Any,
-    budget_bytes: int | str,
-    snapshots: int | None = None,
-    measure_top: int = MEASURE_TOP,
-    argnums: int | Sequence[int] = 0,
-    cost_model: CostModel | None = None,
-    **kwargs: Any,
-) -> Plan:
+def revolve(call: BaselineCall, *, snapshots: int | None = None, measure_top: int = MEASURE_TOP) -> Plan:
     """Griewank's Revolve (binomial checkpointing), as nested fenced checkpoints.
 
     The program's chain (:func:`remat_opt.solve._nesting.chain_steps`: its
@@ -392,17 +317,12 @@ def revolve(
     segment, at most :data:`~remat_opt.solve._nesting.MAX_DEPTH` levels deep.
 
     Args:
-        fn: the loss function, returning a scalar.
-        *args: its positional arguments.
-        budget_bytes: the budget the plan is compared against.
+        call: the function, its arguments and the budget the plan is compared against.
         snapshots: stored states; ``None`` for the lowest-memory choice: the
             ``measure_top`` schedules of all snapshot counts with the lowest
             predicted peak are measured and the lowest measured is returned.
         measure_top: how many schedules to compile and measure when
             ``snapshots`` is ``None``.
-        argnums: positional arguments that are differentiated.
-        cost_model: FLOPs per equation.
-        **kwargs: keyword arguments of ``fn``, not differentiated.
 
     Returns:
         A measured :class:`Plan` with ``strategy="revolve"``, its nested
@@ -419,41 +339,32 @@ def revolve(
 
     Example:
         >>> import jax.numpy as jnp, remat_opt
+        >>> from remat_opt.baselines import BaselineCall
         >>> def loss(w, x):
         ...     for _ in range(8):
         ...         x = jnp.tanh(x @ w)
         ...     return jnp.sum(x)
-        >>> plan = remat_opt.revolve(loss, jnp.ones((8, 8)), jnp.ones((4, 8)), budget_bytes="1MiB", snapshots=4)
+        >>> call = BaselineCall(loss, (jnp.ones((8, 8)), jnp.ones((4, 8))), budget_bytes="1MiB")
+        >>> plan = remat_opt.revolve(call, snapshots=4)
         >>> plan.strategy, plan.schedule.depth() > 1
         ('revolve', True)
     """
     _check_positive("snapshots", snapshots, allow_none=True)
     _check_positive("measure_top", measure_top)
-    return _revolve(reference(fn, args, kwargs, argnums, budget_bytes, cost_model), snapshots, measure_top)
+    return _revolve(reference(call), snapshots, measure_top)
 
 
 def all_baselines(
-    model: Any,
-    params: Any,
-    batch: Any,
-    budget_bytes: int | str,
-    *,
-    policies: Sequence[str] = tuple(POLICIES),
-    cost_model: CostModel | None = None,
-    measure_top: int = MEASURE_TOP,
+    call: BaselineCall, *, policies: Sequence[str] = tuple(POLICIES), measure_top: int = MEASURE_TOP
 ) -> tuple[Plan, ...]:
-    """Every baseline for one model: ``loss(params, batch)``, differentiated in ``params``.
+    """Every baseline of one call, its loss taking the zoo's ``layer_wrapper`` (a zoo
+    model's ``spec.loss`` on ``(params, batch)``, or any loss taking ``layer_wrapper=None``).
 
     The plain program is traced, measured and counted once and shared by all.
 
     Args:
-        model: a zoo :class:`~remat_opt.zoo.ModelSpec`, or a loss taking
-            ``(params, batch, *, layer_wrapper=None)``.
-        params: the differentiated parameters.
-        batch: the data, not differentiated.
-        budget_bytes: the budget every plan is compared against.
+        call: the loss, its arguments and the budget every plan is compared against.
         policies: the JAX policies to run, whole-function and per layer.
-        cost_model: FLOPs per equation.
         measure_top: candidates :func:`chen_greedy` and :func:`revolve` measure.
 
     Returns:
@@ -464,21 +375,23 @@ def all_baselines(
         ``chen_sqrt_n``; ``chen_greedy``; ``revolve``.
 
     Raises:
-        TypeError: ``model`` is neither a ModelSpec nor a callable taking ``layer_wrapper``.
+        TypeError: the loss is not a callable taking ``layer_wrapper``.
 
     Example:
         >>> import jax, remat_opt
+        >>> from remat_opt.baselines import BaselineCall
         >>> from remat_opt.zoo import MODELS, MLPConfig
         >>> spec = MODELS["mlp"]
         >>> params, batch = spec.init(MLPConfig(depth=2, width=8, batch=4), jax.random.key(0))
-        >>> plans = remat_opt.all_baselines(spec, params, batch, "1MiB", policies=("nothing_saveable",))
+        >>> call = BaselineCall(spec.loss, (params, batch), budget_bytes="1MiB")
+        >>> plans = remat_opt.all_baselines(call, policies=("nothing_saveable",))
         >>> [p.strategy for p in plans][:2]
         ['no_remat', 'checkpoint/nothing_saveable']
     """
     _check_positive("measure_top", measure_top)
-    loss = getattr(model, "loss", model)
+    loss = call.fn
     layer_programs = {policy: layer_policy_program(loss, policy) for policy in policies}
-    ref = reference(loss, (params, batch), {}, 0, budget_bytes, cost_model)
+    ref = reference(call)
     plans = [_no_remat(ref)]
     plans += [policy_plan(ref, f"checkpoint/{p}", policy_program(loss, p)) for p in policies]
     plans += [policy_plan(ref, f"layer_checkpoint/{p}", prog) for p, prog in layer_programs.items()]

@@ -1,15 +1,16 @@
-"""A function's reference measurements, and the plans a strategy is measured into.
+"""What a baseline is measured with, its reference measurements, and the plans a strategy is measured into.
 
-Every baseline of one function and signature is compared with the same
-plain program, measured once (XLA's peak, the gradient's FLOPs, the
-calibrated program graph), and turned into the :class:`Plan` that
-:func:`remat_opt.optimize` returns, measured the same way.
+A baseline is asked about one call (:class:`BaselineCall`: the function, its arguments,
+what is differentiated, the budget, how FLOPs are counted). Every baseline of one
+function and signature is compared with the same plain program, measured once (XLA's
+peak, the gradient's FLOPs, the calibrated program graph), and turned into the
+:class:`Plan` that :func:`remat_opt.optimize` returns, measured the same way.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 import jax
@@ -28,6 +29,42 @@ from .._schedule import Schedule
 from ..program._trace import grad_argnums, normalize_argnums, trace
 
 STATUS = "BASELINE"
+
+
+@dataclass(frozen=True, eq=False)
+class BaselineCall:
+    """What a baseline is measured with: ``fn`` called on ``args`` and ``kwargs``,
+    differentiated in ``argnums``, its plan compared against ``budget_bytes``, its
+    FLOPs counted by ``cost_model``. Every baseline function takes one, so several
+    baselines of one call are asked the same question.
+
+    Checked when a baseline measures it (:func:`reference`).
+
+    Attributes:
+        fn: the loss function, returning a scalar; for the per-layer baselines it takes
+            the zoo's ``layer_wrapper`` keyword (see :mod:`remat_opt.zoo`).
+        args: its positional arguments (arrays or ``jax.ShapeDtypeStruct``).
+        budget_bytes: the budget the plan is compared against (``plan.fits``): bytes,
+            or a size such as ``"512MiB"``.
+        kwargs: keyword arguments of ``fn``, not differentiated.
+        argnums: positional arguments that are differentiated.
+        cost_model: FLOPs per equation; the default counts dots and convs exactly.
+
+    Example:
+        >>> import jax.numpy as jnp, remat_opt
+        >>> from remat_opt.baselines import BaselineCall
+        >>> call = BaselineCall(lambda w: jnp.sum(jnp.tanh(w @ w)), (jnp.ones((8, 8)),), budget_bytes="1MiB")
+        >>> [remat_opt.no_remat(call).fits, remat_opt.checkpoint_policy(call, "nothing_saveable").fits]
+        [True, True]
+    """
+
+    fn: Callable[..., Any]
+    args: tuple
+    _: KW_ONLY
+    budget_bytes: int | str
+    kwargs: dict = field(default_factory=dict)
+    argnums: int | Sequence[int] = 0
+    cost_model: CostModel | None = None
 
 
 @dataclass(frozen=True)
@@ -51,20 +88,24 @@ class Reference:
         return gradient_flops(program, self.args, self.kwargs, self.nums, self.cost_model) - self.baseline_flops
 
 
-def reference(
-    fn: Callable[..., Any],
-    args: tuple,
-    kwargs: dict,
-    argnums: int | Sequence[int],
-    budget_bytes: int | str,
-    cost_model: CostModel | None,
-    xla_facts: bool = True,
-) -> Reference:
+def reference(call: BaselineCall, xla_facts: bool = True) -> Reference:
+    """``call`` checked, and its plain program measured: what its baselines are compared with.
+
+    Args:
+        call: the function, arguments and budget the baselines are asked about.
+        xla_facts: read XLA's account of the plain program for what no rule of the
+            memory model knows (else warn where the rules guess).
+
+    Raises:
+        TypeError: ``call.fn`` is not callable, or an argument has the wrong type.
+        ValueError: ``call.budget_bytes`` or ``call.argnums`` is invalid.
+    """
+    fn, cost_model = call.fn, call.cost_model
     if not callable(fn):
         raise TypeError(f"fn must be callable; got {fn!r} ({type(fn).__name__}). Pass the loss function itself.")
-    budget = parse_bytes(budget_bytes, argument="budget_bytes")
-    args, kwargs = abstract(tuple(args)), abstract(dict(kwargs))
-    nums_t = normalize_argnums(argnums, len(args))
+    budget = parse_bytes(call.budget_bytes, argument="budget_bytes")
+    args, kwargs = abstract(tuple(call.args)), abstract(dict(call.kwargs))
+    nums_t = normalize_argnums(call.argnums, len(args))
     nums = grad_argnums(nums_t)
     plain_peak = peak_bytes(fn, *args, argnums=nums, **kwargs)
     traced = trace(fn, args, kwargs, nums_t)

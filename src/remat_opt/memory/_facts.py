@@ -50,8 +50,7 @@ def with_memory_facts(graph: ProgramGraph, compiled: CompiledProgram | None = No
                              list(graph.node_bytes))
     if in_place:  # jax 0.12's 1 - tanh²: its source is read as jax 0.10 read it, a residual
         graph = dataclasses.replace(graph, residual=tuple(r or v in in_place for v, r in enumerate(graph.residual)))
-    fused, held = fused_and_held(units, list(graph.node_unit), list(graph.residual), list(graph.buffer),
-                                 [list(c) for c in graph.consumers], list(graph.reduced))
+    fused, held = fused_and_held(graph)
     unknown = unknown_primitives(graph)
     if unknown and compiled is not None:
         fused, held = _decided_by_xla(graph, compiled, unknown, fused, held)

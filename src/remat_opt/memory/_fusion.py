@@ -9,8 +9,6 @@ applies them when it builds the program graph.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from ..program._cost import ELEMENTWISE_PRIMITIVES, FREE_PRIMITIVES, REDUCTION_PRIMITIVES, known_calls
 from ..program._graph import ALIASING_PRIMITIVES, ProgramGraph, Unit
 
@@ -128,11 +126,8 @@ def read_in_place(
     return out
 
 
-def fused_residuals(
-    units: list[Unit], node_unit: list[int], residual: list[bool], buffer: list[int], consumers: list[list[int]],
-    reduced: list[bool] | None = None, held: tuple[bool, ...] | None = None,
-) -> tuple[bool, ...]:
-    """Per node: a residual XLA recomputes inside the backward's fusions instead of keeping.
+def fused_residuals(graph: ProgramGraph, held: tuple[bool, ...] | None = None) -> tuple[bool, ...]:
+    """Per node of ``graph``: a residual XLA recomputes inside the backward's fusions instead of keeping.
 
     A residual made by a cheap elementwise unit (``1 - tanh²``, ``2 (x - m)``,
     a broadcast of a constant) from values the backward holds anyway (program
@@ -141,6 +136,8 @@ def fused_residuals(
     and has no buffer, unless a forward reader that works from memory (a
     ``dot_general``) forces it into one.
     """
+    units, node_unit, residual, buffer = graph.units, graph.node_unit, graph.residual, graph.buffer
+    consumers, reduced = graph.consumers, graph.reduced
     n = len(node_unit)
     readers: list[set[str]] = [set() for _ in range(n)]  # readers of each buffer, through aliases
     res_buf = [False] * n  # the backward reads the buffer (through any alias)
@@ -172,13 +169,10 @@ def fused_residuals(
     return tuple(fused)
 
 
-def fused_sources(
-    units: Sequence[Unit], node_unit: Sequence[int], residual: Sequence[bool], buffer: Sequence[int],
-    fused: tuple[bool, ...],
-    computed_once: frozenset[int] = frozenset(),
-) -> tuple[bool, ...]:
-    """Per node: a value XLA keeps for the backward because a fused residual is
-    recomputed from it.
+def fused_sources(graph: ProgramGraph, fused: tuple[bool, ...],
+                  computed_once: frozenset[int] = frozenset()) -> tuple[bool, ...]:
+    """Per node of ``graph``: a value XLA keeps for the backward because a fused residual
+    (of ``fused``, per node) is recomputed from it.
 
     XLA duplicates cheap elementwise work into every fusion that reads it, so a
     fused residual (``fused_residuals``) is recomputed in its backward fusions
@@ -204,6 +198,7 @@ def fused_sources(
     plan's last segment and not in the first's; counting the outputs in
     both over-predicted the first by 6.8%.
     """
+    units, node_unit, residual, buffer = graph.units, graph.node_unit, graph.residual, graph.buffer
     n = len(node_unit)
     reduced_in_forward = [False] * n  # a reduction reads the buffer (through any alias)
     for unit in units:
@@ -231,11 +226,8 @@ def fused_sources(
     return tuple(held)
 
 
-def fused_and_held(
-    units: list[Unit], node_unit: list[int], residual: list[bool], buffer: list[int], consumers: list[list[int]],
-    reduced: list[bool] | None = None,
-) -> tuple[tuple[bool, ...], tuple[bool, ...]]:
-    """:func:`fused_residuals` and :func:`fused_sources`, to their common fixpoint.
+def fused_and_held(graph: ProgramGraph) -> tuple[tuple[bool, ...], tuple[bool, ...]]:
+    """:func:`fused_residuals` and :func:`fused_sources` of ``graph``, to their common fixpoint.
 
     A value held for one fused residual makes cheap residuals computed from
     it fusable too: XLA keeps the MLP's ``dot_general`` output for the
@@ -248,12 +240,12 @@ def fused_and_held(
     Chen's schedules on the demo GPT by up to 17% (after: within 8%).
     Both sets only grow, so the iteration ends (bounded anyway).
     """
-    fused = fused_residuals(units, node_unit, residual, buffer, consumers, reduced)
-    held = fused_sources(units, node_unit, residual, buffer, fused)
-    for _ in range(len(units)):
-        again = fused_residuals(units, node_unit, residual, buffer, consumers, reduced, held)
+    fused = fused_residuals(graph)
+    held = fused_sources(graph, fused)
+    for _ in range(len(graph.units)):
+        again = fused_residuals(graph, held)
         if again == fused:
             break
         fused = again
-        held = fused_sources(units, node_unit, residual, buffer, fused)
+        held = fused_sources(graph, fused)
     return fused, held

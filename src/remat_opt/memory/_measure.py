@@ -74,6 +74,26 @@ def signature(args: tuple, kwargs: dict) -> Signature:
                                    for x in leaves))
 
 
+@dataclass(frozen=True, eq=False)
+class StepCall:
+    """A call whose gradient step XLA compiles: ``jax.value_and_grad(fn, argnums,
+    has_aux=has_aux)`` on ``args`` and ``kwargs`` (:func:`gradient_step`).
+
+    Attributes:
+        fn: the function, returning a scalar (``(loss, aux)`` with ``has_aux``).
+        args: positional arguments (arrays, abstract values or static leaves).
+        kwargs: keyword arguments, never differentiated.
+        argnums: the differentiated positional arguments, as ``jax.grad`` takes them.
+        has_aux: ``fn`` returns ``(loss, aux)``.
+    """
+
+    fn: Callable[..., Any]
+    args: tuple
+    kwargs: dict
+    argnums: int | Sequence[int]
+    has_aux: bool = False
+
+
 def gradient_step(
     fn: Callable[..., Any], args: tuple, kwargs: dict, argnums: int | Sequence[int], has_aux: bool
 ) -> tuple[Callable[..., Any], tuple, dict]:

@@ -140,5 +140,5 @@ def held_when_once(graph: ProgramGraph, schedule: Schedule) -> ProgramGraph:
     once = stored_once(graph, schedule)
     if not once or not graph.held:
         return graph
-    held = fused_sources(graph.units, graph.node_unit, graph.residual, graph.buffer, graph.fused, once)
+    held = fused_sources(graph, graph.fused, once)
     return dataclasses.replace(graph, held=held)

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,7 +43,7 @@ from ..program._static import mesh_sharding, split
 from ..program._trace import TracedProgram
 from ._compiled import _compiled_afresh
 from ._hlo import ARRAY, EQN, one_pass_total, parse_module
-from ._measure import abstract, gradient_step, memory_of
+from ._measure import StepCall, abstract, gradient_step, memory_of
 
 _COLLECTIVE = re.compile(r"^(all-gather|all-reduce|reduce-scatter|all-to-all|collective-permute)(-start)?$")
 _ARRAYS = re.compile(r"([a-z]+\d*)\[([\d,]*)\]")
@@ -112,12 +111,12 @@ def _instruction_collective(opcode: str, shape: str) -> int:
     return sum(int(np.prod(d, dtype=np.int64)) * size for d, size in _shapes(shape))
 
 
-def read_partitioned(fn: Callable[..., Any], traced: TracedProgram, args: tuple, kwargs: dict,
-                     argnums: int | Sequence[int], has_aux: bool = False) -> Partitioned:
-    """Compiles the plain program of ``traced`` on the (sharded, abstract) arguments,
-    every equation in its name scope, and reads its partitioned forward (of a ``shard_map``
-    body: the body's equations, named inside its call)."""
-    step, step_args, step_kwargs = gradient_step(named_program(fn, traced), args, kwargs, argnums, has_aux)
+def read_partitioned(call: StepCall, traced: TracedProgram) -> Partitioned:
+    """Compiles the plain program of ``traced`` (``call.fn`` traced) on the call's (sharded,
+    abstract) arguments, every equation in its name scope, and reads its partitioned forward
+    (of a ``shard_map`` body: the body's equations, named inside its call)."""
+    step, step_args, step_kwargs = gradient_step(named_program(call.fn, traced), call.args, call.kwargs,
+                                                 call.argnums, call.has_aux)
     with _compiled_afresh():  # an executable from JAX's disk cache may have lost its op_name metadata
         compiled = jax.jit(step).lower(*abstract(step_args), **abstract(step_kwargs)).compile()
     text = compiled.as_text()
@@ -245,16 +244,17 @@ def _first_reader(graph: ProgramGraph, key_path: str) -> int | None:
     return None
 
 
-def sharded_graph(graph: ProgramGraph, fn: Callable[..., Any], args: tuple, kwargs: dict,
-                  argnums: int | Sequence[int], has_aux: bool,
+def sharded_graph(graph: ProgramGraph, call: StepCall,
                   interconnect: Interconnect) -> tuple[ProgramGraph, Partitioned | None]:
-    """``graph`` sized for one device when the arguments are sharded (else as it
-    is), and XLA's partitioned plain program it was read from (else ``None``)."""
+    """``graph`` (of ``call.fn`` on its arguments) sized for one device when the arguments
+    are sharded (else as it is), and XLA's partitioned plain program it was read from
+    (else ``None``)."""
+    args, kwargs = call.args, call.kwargs
     if graph.traced.manual is not None:  # a shard_map body: one device's values already
         graph = with_outside_bytes(graph, args, kwargs)
     if not is_sharded(args, kwargs):
         return graph, None
-    partitioned = read_partitioned(fn, graph.traced, args, kwargs, argnums, has_aux)
+    partitioned = read_partitioned(call, graph.traced)
     if graph.traced.manual is not None:  # its collectives priced
         return dataclasses.replace(graph, units=_priced_units(graph, partitioned, interconnect)), partitioned
     return per_device_graph(graph, partitioned, args, kwargs, interconnect), partitioned

@@ -123,6 +123,7 @@ from ._partials import held_partial_bytes
 from .._schedule import Schedule, Simulation, nested_ranges, segment_of_positions
 from ._transient import held_forward_scratch, transient_bytes
 from ._slots import (
+    ScheduleSlots,
     gradient_slots,
     matmul_slots,
     predicted_slot_credit,
@@ -255,22 +256,21 @@ def simulated(graph: ProgramGraph, schedule: Schedule, *, planning: bool = False
     """
     if not planning:
         graph = held_when_once(graph, schedule)
-    layout = _Layout.of(graph, schedule)
-    copies, outputs_only, residual_as_written = _stored_copies(graph, schedule, layout)
+    run = _Run(graph, schedule, _Layout.of(graph, schedule), planning)
+    copies, outputs_only, residual_as_written = _stored_copies(run)
     recomputed: set[int] = set()
     if not schedule.plain:
-        recomputed, copies = _recomputed(graph, schedule, layout, copies, outputs_only, residual_as_written,
-                                         planning)
-    rerun, rerun_flops = _rerun(graph, layout, copies, residual_as_written)
+        recomputed, copies = _recomputed(run, copies, outputs_only, residual_as_written)
+    rerun, rerun_flops = _rerun(graph, run.layout, copies, residual_as_written)
     flops = sum(graph.units[u].flops for u in recomputed & graph.primal) + rerun_flops
-    peaks, partials_at_end = _segment_peaks(graph, schedule, layout, copies, recomputed, rerun, planning)
+    peaks, partials_at_end = _segment_peaks(run, copies, recomputed, rerun)
     return Simulation(
         peak_bytes=max(*peaks, graph.input_bytes + graph.output_bytes + partials_at_end),
         recompute_flops=flops,
         recomputed_units=frozenset(recomputed | rerun),
         stored_nodes=frozenset(c[0] for c in copies),
         segment_peaks=tuple(peaks),
-        segment_of_position=layout.seg_of,
+        segment_of_position=run.layout.seg_of,
     )
 
 
@@ -291,26 +291,41 @@ class _Layout:
     levels: tuple[tuple[int, int], ...]
     as_written: frozenset[int]
     """The last segment of each level, which runs as written."""
+    starts: tuple[int, ...]
+    """Per segment, its first position."""
 
     @classmethod
     def of(cls, graph: ProgramGraph, schedule: Schedule) -> _Layout:
         ranges = nested_ranges(schedule, graph.num_positions)
         seg_of = segment_of_positions(graph.num_positions, schedule.all_cuts())
         levels = tuple((seg_of[lo], seg_of[hi - 1]) if hi > lo else (0, 0) for lo, hi in ranges)
+        starts = (0, *sorted(c for c in schedule.all_cuts() if 0 < c < graph.num_positions))
         return cls(ranges, seg_of, tuple(seg_of[graph.position_of(v)] for v in range(graph.num_nodes)),
-                   (max(seg_of) + 1) if seg_of else 1, levels, frozenset(last for _, last in levels))
+                   (max(seg_of) + 1) if seg_of else 1, levels, frozenset(last for _, last in levels), starts)
 
     def innermost(self, first: int, last: int) -> int:
         """The innermost level holding segments ``first`` to ``last``."""
         return max(i for i, (lo, hi) in enumerate(self.levels) if lo <= first and last <= hi)
 
 
-def _stored_copies(graph: ProgramGraph, schedule: Schedule,
-                   layout: _Layout) -> tuple[list[Copy], list[tuple[int, int]], list[int]]:
+@dataclasses.dataclass(frozen=True)
+class _Run:
+    """One simulation: the graph (with what XLA holds once the schedule's stored values
+    are computed once, in the prediction), the schedule, its layout on the graph, and
+    whether it is the model CP-SAT plans with (else the prediction)."""
+
+    graph: ProgramGraph
+    schedule: Schedule
+    layout: _Layout
+    planning: bool
+
+
+def _stored_copies(run: _Run) -> tuple[list[Copy], list[tuple[int, int]], list[int]]:
     """The copies the schedule stores (values crossing a cut, the residuals of code run
     as written); the segment outputs read only by their level's last segment, as
     ``(node, level)`` (not stored for it, but saved by name for their own segment: the
     rewriter names every output); and the residual nodes of code run as written."""
+    graph, schedule, layout = run.graph, run.schedule, run.layout
     node_seg, as_written = layout.node_seg, layout.as_written
     residual_as_written = [v for v in range(graph.num_nodes) if graph.residual[v] and node_seg[v] in as_written]
     if schedule.plain:
@@ -339,12 +354,12 @@ def _stored_copies(graph: ProgramGraph, schedule: Schedule,
     return copies, outputs_only, residual_as_written
 
 
-def _recomputed(graph: ProgramGraph, schedule: Schedule, layout: _Layout, copies: list[Copy],
-                outputs_only: list[tuple[int, int]], residual_as_written: list[int],
-                planning: bool) -> tuple[set[int], list[Copy]]:
+def _recomputed(run: _Run, copies: list[Copy], outputs_only: list[tuple[int, int]],
+                residual_as_written: list[int]) -> tuple[set[int], list[Copy]]:
     """The units fenced segments recompute (the residuals not stored, and what they
     read: the same every time their backward runs), and the copies with the saved
     names and segment outputs that recomputation reads."""
+    graph, schedule, layout = run.graph, run.schedule, run.layout
     node_seg, units = layout.node_seg, graph.units
     available = {c[0] for c in copies} | set(schedule.saved) | set(residual_as_written)
     available |= {v for v, _ in outputs_only}
@@ -363,7 +378,7 @@ def _recomputed(graph: ProgramGraph, schedule: Schedule, layout: _Layout, copies
     copies = copies + [(v, 0, node_seg[v], layout.num_segments - 1) for v in schedule.saved
                        if graph.residual[v] or v in read]
     copies += [(v, level, node_seg[v], layout.levels[level][1]) for v, level in outputs_only if v in read]
-    if not planning and not schedule.nested:
+    if not run.planning and not schedule.nested:
         copies = _read_copies(graph, copies, recomputed, layout.seg_of, node_seg)
     return recomputed, copies
 
@@ -390,10 +405,10 @@ def _rerun(graph: ProgramGraph, layout: _Layout, copies: list[Copy],
     return rerun, flops
 
 
-def _segment_peaks(graph: ProgramGraph, schedule: Schedule, layout: _Layout, copies: list[Copy],
-                   recomputed: set[int], rerun: set[int], planning: bool) -> tuple[list[int], int]:
+def _segment_peaks(run: _Run, copies: list[Copy], recomputed: set[int], rerun: set[int]) -> tuple[list[int], int]:
     """Per segment, the peak of its backward (the sum in the module docstring); and
     the gradient partials XLA holds to the end of the step (:mod:`remat_opt.memory._partials`)."""
+    graph, schedule, layout = run.graph, run.schedule, run.layout
     seg_of, num_segments, as_written = layout.seg_of, layout.num_segments, layout.as_written
     # Per segment, in one pass each: the distinct buffers stored (aliases counted
     # once), what its backward rematerializes, and its largest transient.
@@ -407,9 +422,9 @@ def _segment_peaks(graph: ProgramGraph, schedule: Schedule, layout: _Layout, cop
     # The prediction: XLA runs each fenced branch breadth-first, so not all of
     # it is live at once (_branch). CP-SAT plans with all of it.
     branch_live: dict[int, list[tuple[int, int]]] = {}
-    if not planning and not schedule.nested:
+    if not run.planning and not schedule.nested:
         branch_live = live_per_segment(graph, seg_of, remat_sizes, as_written)
-    rematerialized = _rematerialized(graph, schedule, layout, remat_sizes, branch_live, planning)
+    rematerialized = _rematerialized(run, remat_sizes, branch_live)
     transient = [0] * num_segments
     for u in graph.units:
         j = seg_of[u.position]
@@ -418,11 +433,9 @@ def _segment_peaks(graph: ProgramGraph, schedule: Schedule, layout: _Layout, cop
         # fenced backward), unless the breadth-first count above already holds its forward scratch.
         fenced = j != layout.levels[0][1] and j not in branch_live
         transient[j] = max(transient[j], transient_bytes(graph, u.index, recomputed_here, fenced))
-    seg_start = [0, *sorted(c for c in schedule.all_cuts() if 0 < c < graph.num_positions)]
-    seg_end = [*(c - 1 for c in seg_start[1:]), max(0, graph.num_positions - 1)]
+    seg_end = [*(c - 1 for c in layout.starts[1:]), max(0, graph.num_positions - 1)]
     held_cotangents = _held_cotangents(graph, layout)
-    in_slots = _slot_credit(graph, schedule, layout, copies, live_buffers, remat_sizes, branch_live, seg_start,
-                            planning)
+    in_slots = _slot_credit(run, copies, live_buffers, remat_sizes, branch_live)
     partials, partials_at_end = held_partial_bytes(graph, schedule, seg_of, num_segments)
     base = graph.input_bytes + graph.output_bytes
     peaks = [
@@ -434,11 +447,12 @@ def _segment_peaks(graph: ProgramGraph, schedule: Schedule, layout: _Layout, cop
     return peaks, partials_at_end
 
 
-def _rematerialized(graph: ProgramGraph, schedule: Schedule, layout: _Layout, remat_sizes: dict[int, list[int]],
-                    branch_live: dict[int, list[tuple[int, int]]], planning: bool) -> list[int]:
+def _rematerialized(run: _Run, remat_sizes: dict[int, list[int]],
+                    branch_live: dict[int, list[tuple[int, int]]]) -> list[int]:
     """Per segment, the bytes its backward rematerializes (what a fenced branch holds
     at once, where :mod:`remat_opt.memory._branch` knows it), what XLA keeps beyond
     the model for code run as written, and the forward scratch a transpose holds."""
+    graph, layout = run.graph, run.layout
     seg_of, node_seg, as_written = layout.seg_of, layout.node_seg, layout.as_written
     rematerialized = [0] * layout.num_segments
     for u, sizes in remat_sizes.items():
@@ -447,7 +461,7 @@ def _rematerialized(graph: ProgramGraph, schedule: Schedule, layout: _Layout, re
         rematerialized[j] = sum(size for _, size in buffers)
     for b in {graph.buffer[v] for v in range(graph.num_nodes) if materialized(graph, v) and not graph.is_output[v]}:
         if b >= 0 and node_seg[b] in as_written:
-            rematerialized[node_seg[b]] += tail_extra_bytes(graph, b, bool(schedule.saved) and not planning)
+            rematerialized[node_seg[b]] += tail_extra_bytes(graph, b, bool(run.schedule.saved) and not run.planning)
     last = layout.levels[0][1]
     for unit in graph.units:  # a transpose's forward scratch, held to the backward of code run as written
         if seg_of[unit.position] == last:
@@ -476,11 +490,11 @@ def _held_cotangents(graph: ProgramGraph, layout: _Layout) -> list[int]:
     return held
 
 
-def _slot_credit(graph: ProgramGraph, schedule: Schedule, layout: _Layout, copies: list[Copy],
-                 live_buffers: list[set[int]], remat_sizes: dict[int, list[int]],
-                 branch_live: dict[int, list[tuple[int, int]]], seg_start: list[int], planning: bool) -> list[int]:
+def _slot_credit(run: _Run, copies: list[Copy], live_buffers: list[set[int]], remat_sizes: dict[int, list[int]],
+                 branch_live: dict[int, list[tuple[int, int]]]) -> list[int]:
     """Per segment, the stored (and, in the prediction, rematerialized) bytes that sit
     in gradient slots not yet written (:mod:`remat_opt.memory._slots`)."""
+    graph, schedule, layout, planning = run.graph, run.schedule, run.layout, run.planning
     seg_of, node_seg = layout.seg_of, layout.node_seg
     slots = gradient_slots(graph)
     if schedule.saved:
@@ -492,7 +506,7 @@ def _slot_credit(graph: ProgramGraph, schedule: Schedule, layout: _Layout, copie
         return [slot_credit([items[b] for b in live if b in items], slots) for live in live_buffers]
     # XLA's assignment: any slot as large, once for the whole step; then what is rematerialized
     stored = stored_in_slots(graph, copies, node_seg, nested_copies, schedule.saved)
-    slot_segments = [seg_of[min(last, graph.num_positions - 1)] for _, last in slots]
-    fenced = {j: seg_start[j] for j in range(layout.num_segments) if j not in layout.as_written}
+    segments = tuple(seg_of[min(last, graph.num_positions - 1)] for _, last in slots)
+    fenced = {j: layout.starts[j] for j in range(layout.num_segments) if j not in layout.as_written}
     return predicted_slot_credit(stored, rematerialized_buffers(graph, remat_sizes, seg_of, branch_live),
-                                 live_buffers, slots, slot_segments, fenced, matmul_slots(graph))
+                                 live_buffers, ScheduleSlots(slots, segments, matmul_slots(graph)), fenced)

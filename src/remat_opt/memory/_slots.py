@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import NamedTuple
 
 from ..program._graph import ProgramGraph, aval_bytes
@@ -181,7 +182,7 @@ def stored_in_slots(
 
 
 def assign_stored_buffers(
-    stored: Iterable[StoredBuffer], slots: tuple[tuple[int, int], ...], slot_segments: list[int]
+    stored: Iterable[StoredBuffer], slots: tuple[tuple[int, int], ...], slot_segments: Sequence[int]
 ) -> dict[int, int]:
     """The gradient slot each stored buffer is laid over, as XLA's buffer assigner
     picks it: ``{slot index: buffer}``.
@@ -235,20 +236,37 @@ def best_fit_credit(buffers: Iterable[tuple[int, int]], free: Iterable[tuple[int
     return credit
 
 
+@dataclass(frozen=True)
+class ScheduleSlots:
+    """A schedule's gradient slots as the prediction lays values over them, each in
+    the order of :func:`gradient_slots`.
+
+    Attributes:
+        slots: per slot, ``(bytes, position)``: free after that position (its input's
+            last reader; in schedules that save names, the end of that reader's
+            segment: :func:`segment_slots`).
+        segments: per slot, the segment holding that position, whose backward writes the gradient.
+        matmul: per slot, whether only matmuls read its input (:func:`matmul_slots`).
+    """
+
+    slots: tuple[tuple[int, int], ...]
+    segments: tuple[int, ...]
+    matmul: tuple[bool, ...]
+
+
 def predicted_slot_credit(
     stored: Iterable[StoredBuffer], rematerialized: dict[int, list[tuple[int, int]]], live_buffers: list[set[int]],
-    slots: tuple[tuple[int, int], ...], slot_segments: list[int], fenced: dict[int, int],
-    matmul: tuple[bool, ...],
+    slots: ScheduleSlots, fenced: dict[int, int],
 ) -> list[int]:
     """Per segment, the bytes XLA lays over gradient slots at its backward (the prediction's credit).
 
-    The ``stored`` buffers take their slots once for the whole step
+    The ``stored`` buffers take their ``slots`` once for the whole step
     (:func:`assign_stored_buffers`), and count at the segments where they are
     live (``live_buffers``). Then each ``fenced`` segment (``{segment: its
     first position}``) lays what its backward rematerializes (``(position,
     bytes)`` in ``rematerialized``) over the slots still free, holding no
     buffer live at it (:func:`best_fit_credit`): those read before the
-    segment starts, and those of a matmul's operand (``matmul``, per slot)
+    segment starts, and those of a matmul's operand (``slots.matmul``)
     read before the buffer's own position. The gradient of a weight read
     inside the segment is written only when the backward reaches its
     reader, after it has freed the values computed later. Measured (jax
@@ -262,11 +280,11 @@ def predicted_slot_credit(
     of the zoo U-Net's 24 such schedules by 8-16%.
     """
     stored = list(stored)
-    holder = assign_stored_buffers(stored, slots, slot_segments)
+    holder = assign_stored_buffers(stored, slots.slots, slots.segments)
     size = {item.buffer: item.size for item in stored}
     credit = [sum(size[b] for b in holder.values() if b in live) for live in live_buffers]
     for j, start in fenced.items():
-        free = [slot for k, slot in enumerate(slots)
-                if (slot[1] < start or matmul[k]) and holder.get(k) not in live_buffers[j]]
+        free = [slot for k, slot in enumerate(slots.slots)
+                if (slot[1] < start or slots.matmul[k]) and holder.get(k) not in live_buffers[j]]
         credit[j] += best_fit_credit(rematerialized.get(j, ()), free)
     return credit

@@ -49,7 +49,7 @@ from ._timed import TimedCall, timed_plan
 from ._layer_policies import cheapest_fitting, counted_layer_policies
 from ._verify import verified
 from ..memory._facts import check_known, model_graph, read_plain, with_memory_facts
-from ..memory._measure import Signature, gradient_flops, signature
+from ..memory._measure import Signature, StepCall, gradient_flops, signature
 from ..memory._once import once_values
 from ..memory._sharded import is_sharded, sharded_graph, with_shardings
 from ..memory._simulate import calibrate, simulate
@@ -143,8 +143,9 @@ class OptimizedFunction:
         # A model written as one shard_map: its body is what is planned, per device (program._manual).
         traced = planned_body(traced) or traced
         # On a mesh, values take one device's bytes and collectives their cost (memory._sharded).
-        graph, partitioned = sharded_graph(build_graph(traced, options.cost_model), self.fn, call.args, call.kwargs,
-                                           call.nums, call.has_aux, options.links)
+        graph, partitioned = sharded_graph(build_graph(traced, options.cost_model),
+                                           StepCall(self.fn, call.args, call.kwargs, call.nums, call.has_aux),
+                                           options.links)
         # XLA's account of the program: what no rule of the model knows, the
         # gradients it sums from partials held to the end, and each transpose's scratch.
         compiled = read_plain(self.fn, traced, call.args, call.kwargs, call.nums, call.has_aux) \

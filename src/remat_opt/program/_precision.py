@@ -66,7 +66,7 @@ def widened(backend: str | None = None) -> frozenset[tuple[str, str]]:
     for primitive, (probe, shapes, opcode) in _PROBES.items():
         for dtype in HALF_DTYPES:
             args = [jax.device_put(np.zeros(s, dtype), device) for s in shapes]
-            hlo = jax.jit(jax.grad(probe, argnums=(0, 1))).lower(*args).compile().as_text()
+            hlo = jax.jit(jax.grad(probe, argnums=(0, 1))).lower(*args).compile().as_text() or ""
             if re.search(rf"= f32\[[\d,]*\]\{{[^}}]*\}} {opcode}\(", hlo):
                 pairs.add((primitive, dtype))
     return frozenset(pairs)

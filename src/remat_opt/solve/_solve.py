@@ -236,18 +236,18 @@ def solve(graph: ProgramGraph, budget_bytes: int, options: SolverOptions = Solve
         _hint(enc, incumbent)
     solver = _solver(options)
     status = _run(solver, enc.model, options)
-    found, status = _found(graph, budget_bytes, enc, solver, status, incumbent, options)
+    found, status = _found(enc, budget_bytes, solver, status, incumbent, options)
     return _verdict(graph, found, solver, status, time.perf_counter() - start, method)
 
 
-def _found(graph: ProgramGraph, budget_bytes: int, enc: Encoding, solver: cp_model.CpSolver,
-           status: cp_model.CpSolverStatus, incumbent: Schedule | None, options: SolverOptions
-           ) -> tuple[Schedule, cp_model.CpSolverStatus]:
-    """The cheaper of CP-SAT's schedule and the start, with the status to report.
+def _found(enc: Encoding, budget_bytes: int, solver: cp_model.CpSolver, status: cp_model.CpSolverStatus,
+           incumbent: Schedule | None, options: SolverOptions) -> tuple[Schedule, cp_model.CpSolverStatus]:
+    """The cheaper of CP-SAT's schedule (of ``enc``, on its graph) and the start, with the status to report.
 
     Raises:
         InfeasibleBudgetError: neither exists; with the model's lowest-memory schedule.
     """
+    graph = enc.graph
     found = enc.schedule(solver) if status in (cp_model.OPTIMAL, cp_model.FEASIBLE) else None
     if found is None and incumbent is None:
         lowest = min_peak_schedule(graph, options)
