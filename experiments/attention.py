@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         return (peak - fixed) / MiB
 
     rows = []
-    call = remat_opt.baselines.BaselineCall(spec.loss, (params, batch), budget_bytes=plain)
+    call = remat_opt.BaselineCall(spec.loss, (params, batch), budget_bytes=plain)
     for plan in (remat_opt.no_remat(call), remat_opt.megatron_selective(call)):
         rows.append({"strategy": plan.strategy, "budget_bytes": None, "measured_peak_bytes": plan.measured_peak_bytes,
                      "activation_MiB": activations(plan.measured_peak_bytes),

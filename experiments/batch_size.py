@@ -227,7 +227,7 @@ def baseline_program(
     if kind == "revolve":  # its lowest-memory schedule, chosen by measuring, as remat_opt.revolve does
         graph = model_graph(trace(loss, args, {}, (0,)), None)
         return apply_schedule(loss, graph, remat_opt.revolve(
-            remat_opt.baselines.BaselineCall(loss, args, budget_bytes=1)).schedule)
+            remat_opt.BaselineCall(loss, args, budget_bytes=1)).schedule)
     raise ValueError(f"unknown strategy {strategy!r}")
 
 
@@ -236,7 +236,7 @@ def baseline_plan(
 ) -> remat_opt.Plan:
     """The baseline's own :class:`remat_opt.Plan` (public API) at these arguments."""
     kind, _, policy = strategy.partition("/")
-    call = remat_opt.baselines.BaselineCall(loss, args, budget_bytes=memory)
+    call = remat_opt.BaselineCall(loss, args, budget_bytes=memory)
     if kind == "no_remat":
         return remat_opt.no_remat(call)
     if kind == "checkpoint":

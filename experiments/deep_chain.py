@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     plain = remat_opt.peak_bytes(spec.loss, params, batch)
     print(f"{config}: plain peak {plain / MiB:.2f} MiB", flush=True)
 
-    call = remat_opt.baselines.BaselineCall(spec.loss, (params, batch), budget_bytes=plain)
+    call = remat_opt.BaselineCall(spec.loss, (params, batch), budget_bytes=plain)
     baselines = [remat_opt.chen_sqrt_n(call), remat_opt.chen_greedy(call), remat_opt.revolve(call)]
     try:
         remat_opt.optimize(spec.loss, 1, solver_options=options).plan(params, batch)

@@ -194,7 +194,7 @@ def measure_baselines(program: Program, base: dict, policies: Iterable[str] = ()
         print(f"  {kind:8s} {strategy:44s} {describe(row)}", flush=True)
         return row
 
-    call = remat_opt.baselines.BaselineCall(loss, tuple(args), budget_bytes=NO_BUDGET, argnums=nums)
+    call = remat_opt.BaselineCall(loss, tuple(args), budget_bytes=NO_BUDGET, argnums=nums)
     rows = [baseline("plain", "no_remat", lambda: remat_opt.no_remat(call))]
     plain = rows[0].get("plain_peak_bytes")
     if plain is None:

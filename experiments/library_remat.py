@@ -106,7 +106,7 @@ def baselines(name: str, program: Program, plain_flops: int, policies: tuple[str
         return {**row, "xla_peak": plan.measured_peak_bytes, "status": plan.status,
                 "recompute_flops": plan.measured_recompute_flops, "seconds": round(time.perf_counter() - start, 1)}
 
-    call = remat_opt.baselines.BaselineCall(loss, tuple(args), budget_bytes=NO_BUDGET, argnums=nums)
+    call = remat_opt.BaselineCall(loss, tuple(args), budget_bytes=NO_BUDGET, argnums=nums)
     for method, fn in SCHEDULES.items():
         rows.append(plan_row("schedule", method, lambda fn=fn: fn(call)))
     for policy in policies:
@@ -140,7 +140,7 @@ def run_program(name: str, fractions: tuple[float, ...], policies: tuple[str, ..
     try:
         program = PROGRAMS[name]()
         loss, args, nums = program.loss, program.args, program.argnums
-        plain = remat_opt.no_remat(remat_opt.baselines.BaselineCall(loss, tuple(args), budget_bytes=NO_BUDGET,
+        plain = remat_opt.no_remat(remat_opt.BaselineCall(loss, tuple(args), budget_bytes=NO_BUDGET,
                                                                 argnums=nums))
         want = gradients(loss, program)
     except Exception as err:  # noqa: BLE001 - a missing library, say: a row says so, the run goes on

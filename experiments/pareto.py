@@ -117,7 +117,7 @@ def run_model(name: str, config, budgets: int, policies, options, timed: bool, q
     plain = remat_opt.peak_bytes(spec.loss, *args)
     print(f"\n## {name}: {config}\nplain peak {plain / MiB:.2f} MiB", flush=True)
     rows = []
-    call = remat_opt.baselines.BaselineCall(spec.loss, (params, batch), budget_bytes=plain)
+    call = remat_opt.BaselineCall(spec.loss, (params, batch), budget_bytes=plain)
     for plan in remat_opt.all_baselines(call, policies=policies):
         seconds = step_seconds(program_of(spec, plan, params, batch), args) if timed else None
         rows.append(row(name, config, plan, "baseline", seconds))

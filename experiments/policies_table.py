@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"model: {args.model} {config}\n")
 
     start = time.perf_counter()
-    plans = remat_opt.all_baselines(remat_opt.baselines.BaselineCall(spec.loss, (params, batch), budget_bytes=1 << 62),
+    plans = remat_opt.all_baselines(remat_opt.BaselineCall(spec.loss, (params, batch), budget_bytes=1 << 62),
                                     measure_top=args.measure_top)
     baseline_seconds = time.perf_counter() - start
     plain = plans[0].plain_peak_bytes

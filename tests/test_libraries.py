@@ -126,9 +126,9 @@ def test_checkpoint_policy_baselines_close_over_static_leaves():
         return act_mlp({**p, **arrays}, x)
 
     for policy in ("nothing_saveable", "dots_saveable"):
-        got = remat_opt.checkpoint_policy(remat_opt.baselines.BaselineCall(act_mlp, (p, x), budget_bytes="1GiB"),
+        got = remat_opt.checkpoint_policy(remat_opt.BaselineCall(act_mlp, (p, x), budget_bytes="1GiB"),
                                           policy)
-        want = remat_opt.checkpoint_policy(remat_opt.baselines.BaselineCall(closed, (arrays, x), budget_bytes="1GiB"),
+        want = remat_opt.checkpoint_policy(remat_opt.BaselineCall(closed, (arrays, x), budget_bytes="1GiB"),
                                            policy)
         assert got.measured_peak_bytes == want.measured_peak_bytes
         assert got.measured_recompute_flops == want.measured_recompute_flops

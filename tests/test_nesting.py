@@ -171,7 +171,7 @@ def test_nesting_reaches_below_every_flat_plan(mlp):
     """remat_opt's lowest peak with nesting is under Chen's and CP-SAT's flat minimum,
     and a budget there is met by a nested plan with exact gradients."""
     loss, params, batch, graph = mlp
-    greedy = remat_opt.chen_greedy(remat_opt.baselines.BaselineCall(loss, (params, batch), budget_bytes=1),
+    greedy = remat_opt.chen_greedy(remat_opt.BaselineCall(loss, (params, batch), budget_bytes=1),
                                    measure_top=3)
     with pytest.raises(remat_opt.InfeasibleBudgetError) as info:
         remat_opt.optimize(loss, 1, solver_options=FAST).plan(params, batch)
@@ -189,7 +189,7 @@ def test_nesting_reaches_below_every_flat_plan(mlp):
     got, want = jax.grad(step)(params, batch), jax.grad(loss)(params, batch)
     for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
-    revolve = remat_opt.revolve(remat_opt.baselines.BaselineCall(loss, (params, batch), budget_bytes=lowest))
+    revolve = remat_opt.revolve(remat_opt.BaselineCall(loss, (params, batch), budget_bytes=lowest))
     assert revolve.schedule.depth() <= MAX_DEPTH
     if revolve.fits:  # wherever Revolve fits, remat_opt fits with no more recompute
         assert plan.measured_recompute_flops <= revolve.measured_recompute_flops

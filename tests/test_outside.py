@@ -116,7 +116,7 @@ def test_a_budget_a_baseline_fits_is_not_refused():
     p = {"c1": jnp.full((16, 3, 3, 3), 0.1), "c2": jnp.full((32, 16, 3, 3), 0.05), "fc": jnp.full((2048, 10), 0.01)}
     args = (p, jnp.ones((16, 3, 32, 32)))
     plain = remat_opt.peak_bytes(nchw_conv_net, *args)
-    lowest = min(fn(remat_opt.baselines.BaselineCall(nchw_conv_net, args, budget_bytes=plain)).measured_peak_bytes
+    lowest = min(fn(remat_opt.BaselineCall(nchw_conv_net, args, budget_bytes=plain)).measured_peak_bytes
                  for fn in (remat_opt.chen_sqrt_n, remat_opt.chen_greedy, remat_opt.revolve))
     assert lowest < plain
     with pytest.raises(remat_opt.InfeasibleBudgetError) as refused:
@@ -144,7 +144,7 @@ def test_no_baseline_that_fits_recomputes_less_than_the_plan():
     args = (p, jax.random.normal(keys[2], (8, 64, 64, 8)))
     plain = remat_opt.peak_bytes(resized_conv, *args)
     for baseline in (remat_opt.chen_sqrt_n, remat_opt.chen_greedy, remat_opt.revolve):
-        theirs = baseline(remat_opt.baselines.BaselineCall(resized_conv, args, budget_bytes=plain))
+        theirs = baseline(remat_opt.BaselineCall(resized_conv, args, budget_bytes=plain))
         if theirs.measured_peak_bytes >= plain:
             continue
         plan = remat_opt.optimize(resized_conv, theirs.measured_peak_bytes, cache=False).plan(*args)

@@ -76,7 +76,7 @@ def saving_all_keeps_less():
     for make in (gated_cell, dropout_mlp):
         fn, params, data = make()
         plain = peak_bytes(fn, params, data)
-        call = remat_opt.baselines.BaselineCall(fn, (params, data), budget_bytes=plain)
+        call = remat_opt.BaselineCall(fn, (params, data), budget_bytes=plain)
         saving_all = remat_opt.checkpoint_policy(call, "everything_saveable")
         if saving_all.measured_peak_bytes < 0.95 * plain:
             return fn, params, data, plain, saving_all.measured_peak_bytes
@@ -122,7 +122,7 @@ def test_a_refused_budget_names_a_minimum_under_every_whole_function_policy():
     p = {"emb": jax.random.normal(keys[0], (1000, 64)) / 8, "w": jax.random.normal(keys[1], (64, 64)) / 8}
     tokens = jax.random.randint(keys[2], (64, 64), 0, 1000)
     plain = peak_bytes(tied_embedding, p, tokens)
-    call = remat_opt.baselines.BaselineCall(tied_embedding, (p, tokens), budget_bytes=plain)
+    call = remat_opt.BaselineCall(tied_embedding, (p, tokens), budget_bytes=plain)
     policies = {name: remat_opt.checkpoint_policy(call, name)
                 for name in remat_opt.POLICIES}
     lowest = min(plan.measured_peak_bytes for plan in policies.values())

@@ -96,7 +96,7 @@ def test_a_users_jitted_helper_names_its_own_body_and_jnp_its_call_site():
     # The innermost frame outside jax and remat_opt: a line of the user's jitted helper's
     # body for its values; the line calling jnp.where for the values of its (cached) body.
     w, x = jnp.ones((8, 8)), jnp.ones((4, 8))
-    plan = remat_opt.no_remat(remat_opt.baselines.BaselineCall(_calls_a_jitted_helper, (w, x), budget_bytes=2**30))
+    plan = remat_opt.no_remat(remat_opt.BaselineCall(_calls_a_jitted_helper, (w, x), budget_bytes=2**30))
     sources = {d["primitive"]: d["source"] for _, d in plan.graph.nodes(data=True) if d["primitive"] != "input"}
     assert sources["tanh"] == _line_of(_helper, "jnp.tanh")
     assert sources["select_n"] == _line_of(_calls_a_jitted_helper, "jnp.where")

@@ -9,6 +9,7 @@ plans XLA measures under the budget. :mod:`remat_opt.baselines` return the same
 :class:`Plan`, measured the same way; :mod:`remat_opt.zoo` holds the models.
 """
 
+from .baselines import BaselineCall as BaselineCall
 from .baselines._baselines import all_baselines as all_baselines
 from .baselines._baselines import checkpoint_policy as checkpoint_policy
 from .baselines._baselines import chen_greedy as chen_greedy
@@ -50,6 +51,7 @@ from .solve._solve import SolverOptions as SolverOptions
 
 __all__ = [
     "POLICIES",
+    "BaselineCall",
     "CacheWarning",
     "ClosedOverTracerError",
     "CostModel",

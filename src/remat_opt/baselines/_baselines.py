@@ -1,7 +1,7 @@
 """Baseline strategies, measured the same way and returned as the same :class:`Plan`.
 
 Each strategy is one public function that takes what it is measured with (a
-:class:`~remat_opt.baselines.BaselineCall`: the function, its arguments, the budget),
+:class:`~remat_opt.BaselineCall`: the function, its arguments, the budget),
 builds its program, measures it on XLA (:func:`remat_opt.peak_bytes`) and counts
 its FLOPs on the jaxpr, exactly as :func:`remat_opt.optimize` does for its own
 plans, so that the two can be put in one table:
