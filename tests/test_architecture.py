@@ -160,3 +160,47 @@ def test_imports_run_down_the_layers(lower):
               if layer(a) == lower and layer(b) != lower and layer(b) not in MAY_IMPORT[lower]]
     assert not upward, (f"{lower} may import only from {sorted(MAY_IMPORT[lower]) or 'itself'}; upward:\n"
                         + "\n".join(sorted(upward)))
+
+
+MAX_PARAMETERS = 6
+MAX_CODE_LINES = 50
+WIDE_FACES = {"remat_opt._api.optimize", "remat_opt._step.optimize_step"}
+"""The public entry points: their keyword options are :class:`remat_opt._options.PlanOptions`'
+fields, spelled out for the user (tests/test_options.py holds the signatures to the defaults)."""
+
+
+def functions() -> Iterator[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef, list[str]]]:
+    """Every function and method of remat_opt: its qualified name, node and source lines."""
+    for module, path in MODULES.items():
+        source = path.read_text(encoding="utf-8")
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                yield f"{module}.{node.name}", node, source.splitlines()
+
+
+def parameters(node: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]:
+    args = node.args
+    named = [a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs] if a.arg not in ("self", "cls")]
+    return named + [a.arg for a in (args.vararg, args.kwarg) if a is not None]
+
+
+def code_lines(node: ast.FunctionDef | ast.AsyncFunctionDef, lines: list[str]) -> int:
+    """Lines of the body that hold code: no docstring, blank line or comment."""
+    body = node.body[1:] if ast.get_docstring(node) is not None else node.body
+    spanned = {k for stmt in body for k in range(stmt.lineno, (stmt.end_lineno or stmt.lineno) + 1)}
+    return sum(1 for k in spanned if lines[k - 1].strip() and not lines[k - 1].strip().startswith("#"))
+
+
+def test_the_measures_see_a_wide_long_function():
+    wide = {name: (len(parameters(node)), code_lines(node, lines)) for name, node, lines in functions()}
+    assert wide["remat_opt._api.optimize"][0] > MAX_PARAMETERS
+    assert all(n >= 0 for n, _ in wide.values()) and max(lines for _, lines in wide.values()) > 20
+
+
+def test_functions_are_a_screen_long_and_take_few_parameters():
+    too_wide = sorted(f"{name}: {len(parameters(node))} parameters" for name, node, _ in functions()
+                      if len(parameters(node)) > MAX_PARAMETERS and name not in WIDE_FACES)
+    too_long = sorted(f"{name}: {code_lines(node, lines)} lines of code" for name, node, lines in functions()
+                      if code_lines(node, lines) > MAX_CODE_LINES)
+    assert not too_wide + too_long, ("pass an object that names the concept, or split the function:\n"
+                                     + "\n".join(too_wide + too_long))
