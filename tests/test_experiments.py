@@ -8,41 +8,6 @@ import pytest
 from experiment_scripts import EXPERIMENTS, read_rows, run_script
 
 
-def test_scan_quick(tmp_path):
-    # A 4-layer scan GPT: the hand-written checkpoints of the loop (as written, nothing_saveable,
-    # dots_saveable), then remat_opt at the tightest budget; the script exits non-zero if remat_opt
-    # misses it or recomputes more than the best hand-written plan that fits.
-    out = run_script("scan.py", "--quick", "--layers", "4", "--out", str(tmp_path))
-    assert "recomputes no more than the best fitting hand-written alternative" in out
-    rows = read_rows(tmp_path / "scan_quick.csv")
-    ours = [r for r in rows if r["strategy"] == "remat_opt"]
-    assert len(ours) == 1
-    assert {"body nothing_saveable", "body dots_saveable, 2 groups"} <= {r["strategy"] for r in rows}
-
-
-def test_libraries_quick(tmp_path):
-    pytest.importorskip("flax")
-    pytest.importorskip("equinox")
-    # The user's own checkpoint of each library on a 2-layer GPT's scanned block, saving nothing
-    # (Flax: nn.scan of nn.remat(block); Equinox: eqx.filter_checkpoint on the scan body), then
-    # remat_opt asked for its XLA peak (no --fractions), the scan kept whole. The script exits
-    # non-zero if remat_opt misses the budget, its gradients or an alternative's differ from the
-    # library's plain step, or it recomputes more than the best hand-written alternative that fits.
-    out = run_script("libraries.py", "--quick", "--layers", "2", "--d-model", "32", "--fractions",
-                     "--out", str(tmp_path))
-    assert "every budget met, gradients equal the library's plain step" in out
-    rows = read_rows(tmp_path / "libraries.csv")
-    for library, alternative in (("flax", "nn.remat(nothing_saveable)"),
-                                 ("equinox", "filter_checkpoint(nothing_saveable) body")):
-        plain = next(r for r in rows if r["library"] == library and r["strategy"] == "no remat")
-        theirs = next(r for r in rows if r["library"] == library and r["strategy"] == alternative)
-        (ours,) = [r for r in rows if r["library"] == library and r["strategy"] == "remat_opt"]
-        assert 0 < int(theirs["recompute_flops"]) and int(theirs["measured_peak_bytes"]) < int(plain["measured_peak_bytes"])
-        assert ours["budget_bytes"] == theirs["measured_peak_bytes"], (ours, theirs)
-        assert int(ours["measured_peak_bytes"]) <= int(ours["budget_bytes"])
-        assert int(ours["recompute_flops"]) <= int(theirs["recompute_flops"]), (ours, theirs)
-
-
 def test_deep_chain_quick(tmp_path):
     # A 16-layer chain: Chen, Revolve and remat_opt at remat_opt's lowest budget and each
     # baseline's peak; the script exits non-zero if remat_opt misses a budget or loses.
@@ -113,10 +78,10 @@ def test_relaxed_bound_quick(tmp_path):
 
 
 def test_call_feedback_quick(tmp_path):
-    # One optimize call on a development program (an unrolled LSTM) that measures candidates before its plan:
+    # One optimize call on a development random DAG that measures candidates before its plan (jax 0.10.2 and 0.12.1):
     # the planner's log names each candidate's measured and predicted peak, and the script reads
     # the returned plan's among them (a changed log line would break it here).
-    out = run_script("call_feedback.py", "--programs", "lstm", "--fractions", "0.8",
+    out = run_script("call_feedback.py", "--programs", "random_dev_1004", "--fractions", "0.6",
                      "--out", str(tmp_path))
     assert "1 plans; 1 returned after another candidate was measured" in out
     (row,) = read_rows(tmp_path / "call_feedback.csv")

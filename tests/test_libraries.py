@@ -9,7 +9,7 @@ user's own compiled step against the budget, and its values and gradients
 against the library's plain step (``jax.value_and_grad``,
 ``eqx.filter_value_and_grad``). The comparison with each library's own checkpoint
 of the scanned block, at its peak, is ``experiments/libraries.py``'s, run by
-``tests/test_experiments.py::test_libraries_quick``.
+``tests/test_experiments_scan.py::test_libraries_quick``.
 
 Equinox modules hold functions, floats and bools as leaves, so the static-leaf
 handling (``remat_opt.program._static``) is tested first, without any model library.
