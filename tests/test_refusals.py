@@ -74,7 +74,7 @@ def test_a_budget_under_parameters_and_gradients_is_refused_before_any_search(mo
     def searched(*args, **kwargs):
         raise AssertionError("a budget under the arguments and outputs was searched")
 
-    monkeypatch.setattr(_optimize, "build_graph", searched)
+    monkeypatch.setattr(_optimize, "program_model", searched)  # the planned program's model, the search's start
     budget = int(2 * _nbytes(params) * 0.9)  # the newcomer's: under parameters + gradients
     with pytest.raises(InfeasibleBudgetError) as info:
         remat_opt.optimize(wide_mlp, budget).plan(params, x)

@@ -18,6 +18,7 @@ import jax
 from ._budget import parse_bytes
 from ._errors import InvalidBudgetError, InvalidOptionError, InvalidOptionTypeError, short_repr
 from ._inputs import check_argnums
+from .memory._pipeline import ModelOptions
 from .program._cost import CostModel, Interconnect
 from .solve._solve import SolverOptions
 
@@ -85,6 +86,14 @@ class PlanOptions:
     def links(self) -> Interconnect:
         """What a collective byte costs: ``interconnect``, else the default links."""
         return self.interconnect or Interconnect()
+
+    @property
+    def model_options(self) -> ModelOptions:
+        """How the program planned is modelled (:func:`remat_opt.memory._pipeline.program_model`):
+        scans unrolled up to ``unroll_scans``, a ``shard_map``'s body, one device's bytes on a
+        mesh (collectives priced on :attr:`links`), XLA's facts as ``xla_facts`` says."""
+        return ModelOptions(self.cost_model, self.unroll_scans, body=True, interconnect=self.links,
+                            xla_facts=self.xla_facts)
 
     def minimises_time(self) -> bool:
         """Whether plans minimise the step time on the device (``objective``; ``"auto"``: off the CPU)."""

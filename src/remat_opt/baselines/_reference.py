@@ -18,15 +18,15 @@ import networkx as nx
 
 from .._budget import parse_bytes
 from ..program._cost import CostModel
-from ..memory._facts import check_known, read_plain, with_memory_facts
-from ..program._graph import ProgramGraph, build_graph
-from ..memory._measure import abstract, gradient_flops, peak_bytes
+from ..program._graph import ProgramGraph
+from ..memory._measure import StepCall, abstract, gradient_flops, peak_bytes
+from ..memory._pipeline import ModelOptions, program_model
 from ..memory._simulate import calibrate, simulate
 from .._plan import annotate
 from ..rewrite._apply import apply_schedule
 from .._plan import Plan
 from .._schedule import Schedule
-from ..program._trace import grad_argnums, normalize_argnums, trace
+from ..program._trace import grad_argnums, normalize_argnums
 
 STATUS = "BASELINE"
 
@@ -108,12 +108,9 @@ def reference(call: BaselineCall, xla_facts: bool = True) -> Reference:
     nums_t = normalize_argnums(call.argnums, len(args))
     nums = grad_argnums(nums_t)
     plain_peak = peak_bytes(fn, *args, argnums=nums, **kwargs)
-    traced = trace(fn, args, kwargs, nums_t)
-    graph = build_graph(traced, cost_model)
-    compiled = read_plain(fn, traced, args, kwargs, nums) if xla_facts else None
-    if not xla_facts:
-        check_known(graph)
-    graph = calibrate(with_memory_facts(graph, compiled), plain_peak)
+    # fn as written, whole arrays' bytes (memory._pipeline), calibrated on its peak.
+    model = program_model(StepCall(fn, args, kwargs, nums), ModelOptions(cost_model, xla_facts=xla_facts))
+    graph = calibrate(model.graph, plain_peak)
     return Reference(
         fn=fn,
         args=args,

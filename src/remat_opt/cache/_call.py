@@ -15,6 +15,7 @@ from typing import Any
 
 from ._cache import derivative_text, layout_of, options_of, plan_key
 from .._options import PlanOptions
+from ..memory._measure import StepCall
 from ..program._trace import TracedProgram, grad_argnums, normalize_argnums, trace
 
 
@@ -54,6 +55,11 @@ class Call:
     def nums(self) -> int | tuple[int, ...]:
         """The differentiated arguments as ``jax.grad`` takes them."""
         return grad_argnums(self.argnums)
+
+    @property
+    def step(self) -> StepCall:
+        """``fn``'s gradient step on the call, as XLA compiles it."""
+        return StepCall(self.fn, self.args, self.kwargs, self.nums, self.has_aux)
 
     @property
     def has_aux(self) -> bool:

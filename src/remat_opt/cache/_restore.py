@@ -14,6 +14,7 @@ shows its progress around it (:mod:`remat_opt.planner._progress`): the cache onl
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -39,14 +40,14 @@ from ._call import Call
 from .._errors import InfeasibleBudgetError
 from .._plan import Plan, annotate, measured_flops_of
 from .._schedule import Schedule, Simulation
-from ..memory._facts import model_graph, unknown_of
+from ..memory._facts import unknown_of
 from ..memory._measure import gradient_flops
 from ..memory._once import once_values
+from ..memory._pipeline import program_model
 from ..memory._sharded import is_sharded
 from ..memory._simulate import simulate
-from ..program._manual import planned_body
 from ..program._graph import ProgramGraph
-from ..program._trace import trace, with_signature
+from ..program._trace import with_signature
 from ..rewrite._apply import apply_schedule
 from ..rewrite._layers import layer_program
 from ..rewrite._loops import loop_program
@@ -63,24 +64,27 @@ def restored(call: Call, entry: dict) -> Planned:
         CacheEntryError: the entry holds a schedule outside the program traced
             now, or its rebuilt program counts other figures than it stores.
     """
-    fn, whole, options = call.fn, call.whole, call.options
+    fn, whole = call.fn, call.whole
+    # Loop plans, layer plans, policies and the plain program are modelled on fn as written (memory._pipeline).
+    written = call.options.model_options.as_written()
     kind, schedule = entry["kind"], entry_schedule(entry)
     if kind == "loop":
         loop_plan = entry_loop_plan(entry)
         if loop_plan is None:
             raise CacheEntryError("is a loop plan's entry without a loop plan")
         program = with_signature(fn, whole, loop_program(whole, loop_plan))
-        graph = model_graph(trace(program, call.args, call.kwargs, call.argnums), options.cost_model)
+        graph = program_model(dataclasses.replace(call.step, fn=program), written).graph
     elif kind == "layers":
         layer_plan = entry_layer_plan(entry)
         if layer_plan is None or layer_plan.bounds[-1] != len(whole.jaxpr.jaxpr.eqns):
             raise CacheEntryError("holds no layer plan for the program traced now")
         program = with_signature(fn, whole, layer_program(whole, layer_plan))
-        graph = model_graph(whole, options.cost_model)
+        graph = program_model(call.step, written, whole).graph
     elif kind == "plain":
-        program, graph = fn, model_graph(whole, options.cost_model)
+        program, graph = fn, program_model(call.step, written, whole).graph
     elif kind == "policy":
-        program, graph = policy_program(fn, entry["plan"]["whole_policy"]), model_graph(whole, options.cost_model)
+        program = policy_program(fn, entry["plan"]["whole_policy"])
+        graph = program_model(call.step, written, whole).graph
     else:
         program, graph = _scheduled(call, schedule)
     sim = simulate(graph, schedule)
@@ -95,8 +99,9 @@ def _scheduled(call: Call, schedule: Schedule) -> tuple[Callable[..., Any], Prog
     as ``unroll_scans`` says, a shard_map's body), which must hold it."""
     options, whole = call.options, call.whole
     scans = options.unroll_scans and any(e.primitive.name == "scan" for e in whole.jaxpr.jaxpr.eqns)
-    traced = trace(call.fn, call.args, call.kwargs, call.argnums, options.unroll_scans) if scans else whole
-    graph = model_graph(planned_body(traced) or traced, options.cost_model)  # a shard_map body's, as planned
+    # The planner's model of the program (memory._pipeline), but for what only a compile reads:
+    # scans traced again and unrolled if it has any, a shard_map's body.
+    graph = program_model(call.step, options.model_options.rebuilt(), None if scans else whole).graph
     if (any(not 0 <= c <= graph.num_positions for c in schedule.all_cuts())
             or any(not 0 <= v < graph.num_nodes for v in schedule.saved)):
         raise CacheEntryError("holds a schedule outside the program traced now")

@@ -101,12 +101,13 @@ def unknown_of(primitives: Iterable[str]) -> tuple[str, ...]:
     return tuple(sorted(set(primitives) - known_primitives()))
 
 
-def check_known(graph: ProgramGraph) -> None:
+def check_known(graph: ProgramGraph, stacklevel: int = 3) -> None:
     """Warns (:class:`UnknownPrimitiveWarning`) when ``graph`` uses primitives no
-    rule names: for a graph whose facts were not read off XLA."""
+    rule names: for a graph whose facts were not read off XLA. ``stacklevel`` is
+    :func:`warnings.warn`'s, counted from here (3: the caller of this function's caller)."""
     unknown = unknown_primitives(graph)
     if unknown:
-        warnings.warn(UnknownPrimitiveWarning(unknown), stacklevel=3)
+        warnings.warn(UnknownPrimitiveWarning(unknown), stacklevel=stacklevel)
 
 
 def _decided_by_xla(

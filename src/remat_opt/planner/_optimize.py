@@ -48,13 +48,12 @@ from ._steering import Steering, steered_plan
 from ._timed import TimedCall, timed_plan
 from ._layer_policies import cheapest_fitting, counted_layer_policies
 from ._verify import verified
-from ..memory._facts import check_known, model_graph, read_plain, with_memory_facts
-from ..memory._measure import Signature, StepCall, gradient_flops, signature
+from ..memory._measure import Signature, gradient_flops, signature
 from ..memory._once import once_values
-from ..memory._sharded import is_sharded, sharded_graph, with_shardings
+from ..memory._pipeline import program_model
+from ..memory._sharded import is_sharded, with_shardings
 from ..memory._simulate import calibrate, simulate
-from ..program._graph import ProgramGraph, build_graph
-from ..program._manual import planned_body
+from ..program._graph import ProgramGraph
 from ..program._trace import trace
 from ..rewrite._apply import apply_schedule
 from ..solve._keep_sets import measured_keep_set
@@ -140,19 +139,10 @@ class OptimizedFunction:
         refused = floor_refusal(self.fn, call.args, call.kwargs, call.nums, call.has_aux, call.budget)
         if refused is not None:  # under the step's arguments and outputs: no search can help (remat_opt.planner._floor)
             raise refused
-        # A model written as one shard_map: its body is what is planned, per device (program._manual).
-        traced = planned_body(traced) or traced
-        # On a mesh, values take one device's bytes and collectives their cost (memory._sharded).
-        graph, partitioned = sharded_graph(build_graph(traced, options.cost_model),
-                                           StepCall(self.fn, call.args, call.kwargs, call.nums, call.has_aux),
-                                           options.links)
-        # XLA's account of the program: what no rule of the model knows, the
-        # gradients it sums from partials held to the end, and each transpose's scratch.
-        compiled = read_plain(self.fn, traced, call.args, call.kwargs, call.nums, call.has_aux) \
-            if options.xla_facts else None
-        if not options.xla_facts:
-            check_known(graph)
-        graph = with_memory_facts(graph, compiled)
+        # The program planned (memory._pipeline): a shard_map's body, per device on a mesh, with XLA's facts.
+        modelled = program_model(call.step, options.model_options, traced)
+        graph, compiled, partitioned = modelled.graph, modelled.compiled, modelled.partitioned
+        traced = graph.traced
 
         collectives: dict[int, int] = {}  # on a mesh, per measured program's id: XLA's collective bytes
         on_mesh = collectives if partitioned is not None else None
@@ -274,8 +264,8 @@ class OptimizedFunction:
             flat_peak = compiled.peak_bytes if compiled else measure(self._program(model.graph,
                                                                                    Schedule(plain=True)))
         graph = calibrate(model.graph, flat_peak)
-        whole_graph = graph if traced is model.whole else calibrate(model_graph(model.whole, call.options.cost_model),
-                                                                    plain_peak)
+        whole_graph = graph if traced is model.whole else calibrate(
+            program_model(call.step, call.options.model_options.as_written(), model.whole).graph, plain_peak)
         return graph, whole_graph, plain_peak
 
     def _loop_stage(self, run: Search) -> tuple[list[LoopCandidate], Planned | None, float]:
