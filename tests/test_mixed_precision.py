@@ -26,7 +26,7 @@ from remat_opt.memory import model_graph
 from remat_opt.memory._simulate import calibrate, simulate
 from remat_opt.rewrite._apply import apply_schedule
 from remat_opt._schedule import Schedule
-from remat_opt.program._precision import widened
+from remat_opt.program._precision import reads_half_precision, widened
 from remat_opt.program._trace import trace
 
 pytestmark = pytest.mark.skipif(
@@ -104,3 +104,11 @@ def test_bf16_fenced_schedule_peak(program, num_segments):
     measured = peak_bytes(apply_schedule(bf16_mlp, graph, schedule), *ARGS)
     assert measured < plain
     assert relative_error(simulate(graph, schedule).peak_bytes, measured) <= TOLERANCE
+
+
+def test_only_a_program_that_reads_half_precision_asks_the_compiler():
+    traced = jax.make_jaxpr(bf16_mlp)(*ARGS)
+    assert reads_half_precision(traced.jaxpr)
+    assert not reads_half_precision(jax.make_jaxpr(lambda w, x: jnp.tanh(x @ w).sum())(*ARGS[0][:1], ARGS[1]).jaxpr)
+    nested = jax.make_jaxpr(jax.jit(lambda w, x: (x.astype(jnp.bfloat16) @ w.astype(jnp.bfloat16)).sum()))
+    assert reads_half_precision(nested(*ARGS[0][:1], ARGS[1]).jaxpr)  # the dot inside the jit's jaxpr

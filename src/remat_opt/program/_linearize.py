@@ -19,7 +19,7 @@ from jax.extend.core import ClosedJaxpr
 from .._jax_private import partial_eval_jaxpr_nounits
 from ._manual import make_program_jaxpr, program_context
 from ._names import eval_program
-from ._precision import upcasting_evaluator, widened
+from ._precision import reads_half_precision, upcasting_evaluator, widened
 from ._trace import TracedProgram
 
 
@@ -35,7 +35,7 @@ def linearized(traced: TracedProgram) -> tuple[ClosedJaxpr, ClosedJaxpr, int]:
     diff = traced.differentiable
     nd = sum(diff)
     nf = len(diff) - nd
-    evaluate = upcasting_evaluator(widened())
+    evaluate = upcasting_evaluator(widened() if reads_half_precision(closed.jaxpr) else frozenset())
 
     def primal(dargs: list, fixed: list) -> list:
         it_d, it_f = iter(dargs), iter(fixed)

@@ -72,6 +72,14 @@ def widened(backend: str | None = None) -> frozenset[tuple[str, str]]:
     return frozenset(pairs)
 
 
+def reads_half_precision(jaxpr: core.Jaxpr) -> bool:
+    """Whether an equation of ``jaxpr`` (or of a jaxpr it calls) that XLA may widen reads a
+    half-precision operand: only then is :func:`widened` (a few compiles) worth asking."""
+    return any(eqn.primitive.name in UPCAST_PRIMITIVES
+               and any(str(getattr(v.aval, "dtype", "")) in HALF_DTYPES for v in eqn.invars)
+               for eqn in jaxpr.eqns) or any(reads_half_precision(j) for j in core.subjaxprs(jaxpr))
+
+
 def upcasting_evaluator(pairs: frozenset[tuple[str, str]]) -> Evaluator:
     """Binds each equation as XLA runs it: a primitive with an operand of a dtype it
     is paired with in ``pairs`` becomes convert to float32, the primitive in float32,
