@@ -25,7 +25,8 @@ import remat_opt
 from remat_opt.memory import model_graph
 from remat_opt.rewrite._loops import loop_candidates, loop_program, scan_lengths
 from remat_opt.memory._measure import abstract
-from remat_opt.memory._simulate import calibrate, simulate
+from remat_opt.memory._calibrate import calibrate
+from remat_opt.memory._simulate import simulate
 from remat_opt.program._trace import with_signature
 from remat_opt._schedule import Schedule
 from remat_opt.program._trace import trace

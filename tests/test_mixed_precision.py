@@ -23,7 +23,8 @@ import pytest
 from remat_opt import peak_bytes
 from remat_opt.solve._chen import chen_sqrt_n_schedule
 from remat_opt.memory import model_graph
-from remat_opt.memory._simulate import calibrate, simulate
+from remat_opt.memory._calibrate import calibrate
+from remat_opt.memory._simulate import simulate
 from remat_opt.rewrite._apply import apply_schedule
 from remat_opt._schedule import Schedule
 from remat_opt.program._precision import reads_half_precision, widened

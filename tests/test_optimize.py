@@ -14,7 +14,8 @@ from remat_opt.baselines._reference import BaselineCall, reference
 from remat_opt.memory import model_graph
 from remat_opt.memory._measure import abstract
 from remat_opt.memory._once import once_values
-from remat_opt.memory._simulate import calibrate, simulate
+from remat_opt.memory._calibrate import calibrate
+from remat_opt.memory._simulate import simulate
 from remat_opt.program._trace import trace
 from remat_opt.rewrite._apply import apply_schedule
 

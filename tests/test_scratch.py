@@ -13,7 +13,7 @@ from remat_opt._schedule import Schedule
 from remat_opt.baselines._reference import BaselineCall, reference
 from remat_opt.memory import simulate
 from remat_opt.memory._scratch import transpose_scratch
-from remat_opt.memory._simulate import calibrate
+from remat_opt.memory._calibrate import calibrate
 from remat_opt.rewrite._apply import apply_schedule
 
 BATCH, SIZE, WIDTH = 4, 32, 16

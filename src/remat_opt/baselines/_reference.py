@@ -21,7 +21,8 @@ from ..program._cost import CostModel
 from ..program._graph import ProgramGraph
 from ..memory._measure import StepCall, abstract, gradient_flops, peak_bytes
 from ..memory._pipeline import ModelOptions, program_model
-from ..memory._simulate import calibrate, simulate
+from ..memory._calibrate import calibrate
+from ..memory._simulate import simulate
 from .._plan import annotate
 from ..rewrite._apply import apply_schedule
 from .._plan import Plan

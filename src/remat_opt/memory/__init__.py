@@ -8,7 +8,7 @@
 from ._facts import model_graph as model_graph
 from ._facts import with_memory_facts as with_memory_facts
 from ._measure import peak_bytes as peak_bytes
-from ._simulate import calibrate as calibrate
+from ._calibrate import calibrate as calibrate
 from ._simulate import simulate as simulate
 
 __all__ = ["calibrate", "model_graph", "peak_bytes", "simulate", "with_memory_facts"]

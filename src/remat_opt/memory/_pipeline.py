@@ -77,7 +77,7 @@ class ProgramModel:
 def program_model(call: StepCall, options: ModelOptions, traced: TracedProgram | None = None) -> ProgramModel:
     """The model of ``call.fn``'s program: traced, graphed, sized per device, given XLA's facts.
 
-    Calibration (:func:`remat_opt.memory._simulate.calibrate`) is the caller's next step, not
+    Calibration (:func:`remat_opt.memory._calibrate.calibrate`) is the caller's next step, not
     done here: it needs the plain program's peak, which the baselines measure first, the
     planner measures inside its search (for unrolled scans, the flat program's), and the
     cache's restore never has (it compiles nothing).

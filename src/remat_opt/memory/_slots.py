@@ -151,7 +151,7 @@ def stored_in_slots(
     save names, also the residuals of the last segment, which runs as written.
 
     Without names, not the residuals of code run as written:
-    :func:`remat_opt.memory._simulate.calibrate` fits those to XLA's peak for the plain
+    :func:`remat_opt.memory._calibrate.calibrate` fits those to XLA's peak for the plain
     program, slots included. With names, XLA lays them over gradient slots
     like any stored value: in the zoo U-Net's CP-SAT plan at a 3.05 MiB
     budget (Pareto sweep at 2ac7f41; stored values computed once,

@@ -91,7 +91,7 @@ def relayout_bytes(
 
 def tail_extra_bytes(graph: ProgramGraph, buffer: int, names_in_slots: bool = False) -> int:
     """What XLA keeps beyond the model for one residual buffer of code run as
-    written (see :func:`remat_opt.memory._simulate.calibrate`); 0 on an uncalibrated graph.
+    written (see :func:`remat_opt.memory._calibrate.calibrate`); 0 on an uncalibrated graph.
 
     A scale below 1 is XLA laying those residuals over gradient slots in the
     plain program. With ``names_in_slots`` (the prediction, in schedules that

@@ -65,7 +65,7 @@ def held_forward_scratch(graph: ProgramGraph, unit: int) -> int:
     input's shape, which its backward scatters into; not the index search's
     intermediates, which die in the forward). Counted in that segment's
     stored bytes, so also in the plain program the model is calibrated on
-    (:func:`remat_opt.memory._simulate.calibrate`), where the storage scale
+    (:func:`remat_opt.memory._calibrate.calibrate`), where the storage scale
     had spread it over every residual. Behind a fence it is a transient
     instead (:func:`transient_bytes`).
 

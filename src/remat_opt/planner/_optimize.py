@@ -52,7 +52,8 @@ from ..memory._measure import Signature, gradient_flops, signature
 from ..memory._once import once_values
 from ..memory._pipeline import program_model
 from ..memory._sharded import is_sharded, with_shardings
-from ..memory._simulate import calibrate, simulate
+from ..memory._calibrate import calibrate
+from ..memory._simulate import simulate
 from ..program._graph import ProgramGraph
 from ..program._trace import trace
 from ..rewrite._apply import apply_schedule

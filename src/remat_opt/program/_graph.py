@@ -119,7 +119,7 @@ class ProgramGraph:
         plain_storage_scale: bytes XLA keeps per byte of residual the model
             stores for code that runs as written (the last segment, or the
             whole plain program); 1 until calibrated against XLA
-            (:func:`remat_opt.memory._simulate.calibrate`).
+            (:func:`remat_opt.memory._calibrate.calibrate`).
         inner_bytes: per unit, bytes its own backward holds beyond its stored
             residuals: a scan whose body rematerializes reruns it per
             iteration (:mod:`remat_opt.memory._inner`); empty when no unit does.
