@@ -66,6 +66,14 @@ logger = logging.getLogger("remat_opt")
 e.g. ``logging.basicConfig(level=logging.INFO)``."""
 
 
+def _refuse_under_floor(call: Call) -> None:
+    """Raises the floor's refusal where ``call``'s budget is under its step's arguments and
+    outputs: no search can help (:mod:`remat_opt.planner._floor`)."""
+    refused = floor_refusal(call.fn, call.args, call.kwargs, call.nums, call.has_aux, call.budget)
+    if refused is not None:
+        raise refused
+
+
 class OptimizedFunction:
     """``fn`` with gradient checkpoints placed by remat_opt; same signature and values.
 
@@ -123,9 +131,7 @@ class OptimizedFunction:
 
     def _timed_plan(self, call: Call) -> Planned:
         """The fastest plan that fits, measured on the device (:mod:`remat_opt.planner._timed`)."""
-        refused = floor_refusal(call.fn, call.args, call.kwargs, call.nums, call.has_aux, call.budget)
-        if refused is not None:  # under the step's arguments and outputs: no search can help (remat_opt.planner._floor)
-            raise refused
+        _refuse_under_floor(call)
         return timed_plan(TimedCall(call.fn, call.args, call.kwargs, call.argnums, call.nums, call.has_aux,
                                     call.budget, call.options.cost_model))
 
@@ -137,9 +143,7 @@ class OptimizedFunction:
         traced = trace(self.fn, call.args, call.kwargs, call.argnums, options.unroll_scans)
         # fn as written, loops whole: what a plain plan and the loop plans run.
         whole = call.whole_as(traced)
-        refused = floor_refusal(self.fn, call.args, call.kwargs, call.nums, call.has_aux, call.budget)
-        if refused is not None:  # under the step's arguments and outputs: no search can help (remat_opt.planner._floor)
-            raise refused
+        _refuse_under_floor(call)
         # The program planned (memory._pipeline): a shard_map's body, per device on a mesh, with XLA's facts.
         modelled = program_model(call.step, options.model_options, traced)
         graph, compiled, partitioned = modelled.graph, modelled.compiled, modelled.partitioned
