@@ -23,7 +23,8 @@ MaxText's names (``query_proj``, ``key_proj``, ``value_proj``, ``context``,
 ``out_proj``, ``mlpwi``, ``mlpwo``), so MaxText's recipes
 (:data:`remat_opt.baselines._maxtext.RECIPES`) apply. With ``recipe``, the
 same model (the same arrays) is built with the library's own per-layer remat
-under that recipe's ``save_only_these_names`` policy: ``nn.remat(DecoderLayer,
+under that recipe's ``save_only_these_names`` policy (or, for a name of
+``jax.checkpoint_policies``, that built-in policy): ``nn.remat(DecoderLayer,
 policy=..., prevent_cse=False)`` inside ``nn.scan`` (as MaxText does),
 ``nnx.remat(policy=...)`` on the scanned function, ``eqx.filter_checkpoint(layer,
 policy=...)`` as the scan body. These variants are baselines, not programs.
@@ -47,7 +48,7 @@ import jax.numpy as jnp
 from heldout_programs import Program, _cross_entropy
 from jax.ad_checkpoint import checkpoint_name
 
-from remat_opt.baselines._maxtext import recipe_policy
+from remat_opt.baselines._maxtext import RECIPES, recipe_policy
 
 
 @dataclass(frozen=True)
@@ -76,11 +77,18 @@ def _tokens(sizes: Sizes, seed: int) -> tuple[jax.Array, jax.Array]:
 
 
 def _policy(recipe: str | None) -> Callable[..., bool] | None:
-    return None if recipe is None else recipe_policy(recipe)
+    """A MaxText recipe's policy, or a built-in ``jax.checkpoint_policies`` policy by name."""
+    if recipe is None:
+        return None
+    if recipe in RECIPES:
+        return recipe_policy(recipe)
+    return getattr(jax.checkpoint_policies, recipe)
 
 
 def _note(recipe: str | None, how: str) -> str:
-    return "" if recipe is None else f"; {how} per layer, MaxText recipe {recipe}"
+    if recipe is None:
+        return ""
+    return f"; {how} per layer, " + (f"MaxText recipe {recipe}" if recipe in RECIPES else f"policy {recipe}")
 
 
 def flax_linen_scan(sizes: Sizes = Sizes(), recipe: str | None = None) -> Program:

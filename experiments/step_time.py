@@ -5,11 +5,14 @@ For each program and each budget, side by side in one process:
 * ``plain``: the program as written (on a TPU or GPU, XLA rematerializes by
   itself when it does not fit the device);
 * ``layer/<policy>``: ``jax.checkpoint(layer, policy=...)`` around each layer,
-  as a user writes it (the zoo's ``layer_wrapper``; a scanned model's body);
+  as a user writes it (the zoo's ``layer_wrapper``; a scanned model's body;
+  ``nn.remat`` inside Flax's ``nn.scan``);
+* ``maxtext/<recipe>``: each MaxText ``remat_policy`` recipe on the scan body,
+  where the program carries MaxText's names (the scanned programs);
 * ``remat_opt``: ``remat_opt.optimize(loss, budget, cache=False)`` (its
   default objective: step time on an accelerator, FLOPs on the CPU).
 
-Budgets: each per-layer policy's XLA peak, and ``--fractions`` of the plain
+Budgets: each per-layer built-in policy's XLA peak, and ``--fractions`` of the plain
 peak. Each row has XLA's peak (argument + output + temp - alias of
 ``memory_analysis()``), whether it fits the budget, the median step time over
 ``--repeats`` runs after a warm-up (``jax.jit(jax.value_and_grad(f))`` on the
@@ -19,7 +22,7 @@ plain loss, over ``atol + rtol |want|`` (rtol 1e-3 and atol 1e-5 on an
 accelerator, whose float32 matrix products run at bf16 passes by default).
 
 Usage:
-    python experiments/step_time.py [--programs gpt6,gpt12,resnet,gpt_scan] [--fractions 0.5,0.3]
+    python experiments/step_time.py [--programs gpt6,gpt12,resnet,gpt_scan,flax_scan] [--fractions 0.5,0.3]
                                     [--repeats 10] [--budgets device] [--objective auto] [--out DIR] [--log] [--quick]
 
 Writes ``<out>/step_time_<platform>.csv`` after each program, stamped with the
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib
 import logging
 import statistics
 import sys
@@ -43,46 +47,75 @@ import jax
 import numpy as np
 
 import remat_opt
+from remat_opt.baselines._maxtext import RECIPES, recipe_program
 from remat_opt.zoo import MODELS, GPTConfig, ResNetConfig
 from remat_opt.zoo.gpt import scan_loss, stack_layers
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, command, stamp, write_csv  # noqa: E402
+from heldout_scan_programs import Sizes  # noqa: E402
 
 POLICIES = ("nothing_saveable", "dots_with_no_batch_dims_saveable", "dots_saveable")
+# MaxText's recipes, where a program carries their names ("full" is ``layer/nothing_saveable``).
+MAXTEXT = tuple(r for r in RECIPES if r != "full")
+Build = Callable[[], tuple[Callable[..., Any], tuple, dict[str, Callable[..., Any]]]]
+"""A program: its loss, its arguments, and its one-line baselines by strategy name."""
 
 
-def zoo(family: str, config: Any) -> Callable[[], tuple[Callable[..., Any], tuple, Callable[[str], Callable]]]:
-    """A zoo model: its loss, arguments, and the loss with a policy around each layer."""
+def zoo(family: str, config: Any) -> Build:
+    """A zoo model, with each built-in policy around each layer (the zoo's ``layer_wrapper``)."""
     def build():
         spec = MODELS[family]
         params, batch = spec.init(config, jax.random.key(0))
-        per_layer = lambda p: functools.partial(  # noqa: E731
-            spec.loss, layer_wrapper=lambda f: jax.checkpoint(f, policy=getattr(jax.checkpoint_policies, p)))
-        return spec.loss, (params, batch), per_layer
+        menu = {f"layer/{p}": functools.partial(spec.loss, layer_wrapper=lambda f, p=p: jax.checkpoint(
+            f, policy=getattr(jax.checkpoint_policies, p))) for p in POLICIES}
+        return spec.loss, (params, batch), menu
     return build
 
 
-def scanned_gpt(config: GPTConfig) -> Callable[[], tuple[Callable[..., Any], tuple, Callable[[str], Callable]]]:
-    """The zoo GPT with its layers in one ``lax.scan``; a policy per layer is a policy on the body."""
+def scanned_gpt(config: GPTConfig) -> Build:
+    """The zoo GPT with its layers in one ``lax.scan``, tagged with MaxText's names: each built-in
+    policy and each MaxText recipe on the body."""
     def build():
         params, batch = MODELS["gpt"].init(config, jax.random.key(0))
-        per_layer = lambda p: functools.partial(  # noqa: E731
-            scan_loss, body_policy=getattr(jax.checkpoint_policies, p))
-        return scan_loss, (stack_layers(params), batch), per_layer
+        menu = {f"layer/{p}": functools.partial(scan_loss, body_policy=getattr(jax.checkpoint_policies, p))
+                for p in POLICIES}
+        menu |= {f"maxtext/{r}": recipe_program(scan_loss, r) for r in MAXTEXT}
+        return scan_loss, (stack_layers(params), batch), menu
+    return build
+
+
+def library_scan(factory: str, sizes: Any) -> Build:
+    """A decoder of ``experiments/heldout_scan_programs.py`` (``factory``), its layers in a scan as
+    its library's users write it, with the library's own remat of the layer under each built-in
+    policy and each MaxText recipe."""
+    def build():
+        make = getattr(importlib.import_module("heldout_scan_programs"), factory)
+        menu = {f"layer/{p}": make(sizes, p).loss for p in POLICIES}
+        menu |= {f"maxtext/{r}": make(sizes, r).loss for r in MAXTEXT}
+        program = make(sizes)
+        return program.loss, program.args, menu
     return build
 
 
 GPT = dict(d_model=768, num_heads=12, seq_len=1024, batch=4, vocab=8192)
-PROGRAMS = {
+FLAX = Sizes(layers=12, d_model=768, heads=12, seq=1024, batch=4, vocab=8192)
+PROGRAMS: dict[str, Build] = {
     "gpt6": zoo("gpt", GPTConfig(num_layers=6, **GPT)),
     "gpt12": zoo("gpt", GPTConfig(num_layers=12, **GPT)),
     "resnet": zoo("resnet", ResNetConfig(image_size=64, widths=(64, 128, 256), blocks_per_stage=2, batch=64)),
     "gpt_scan": scanned_gpt(GPTConfig(num_layers=12, **GPT)),
     # The same 6-layer GPT at batch 32: its plain step does not fit a 16 GiB device unrematerialized.
     "gpt6_b32": zoo("gpt", GPTConfig(num_layers=6, **{**GPT, "batch": 32})),
+    # The GPT's sizes written in Flax Linen (development: its first TPU run, session 42, made the
+    # step-time search measure MaxText's recipes and shares of the time-chosen bytes) and in Flax
+    # NNX (held out, chosen as its replacement before it was run).
+    "flax_scan": library_scan("flax_linen_scan", FLAX),
+    "flax_nnx_scan": library_scan("flax_nnx_scan", FLAX),
     # CPU-sized, for the suite's smoke test of this script.
     "tiny_gpt": zoo("gpt", GPTConfig(num_layers=3, d_model=32, num_heads=2, seq_len=16, batch=2, vocab=64)),
+    "tiny_gpt_scan": scanned_gpt(GPTConfig(num_layers=3, d_model=32, num_heads=2, seq_len=16, batch=2, vocab=64)),
+    "tiny_flax_scan": library_scan("flax_linen_scan", Sizes(layers=3, d_model=32, heads=2, seq=16, batch=2, vocab=64)),
 }
 
 
@@ -116,11 +149,11 @@ def grad_error(got: Any, want: Any, rtol: float, atol: float) -> float:
                for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)))
 
 
-def baseline_rows(name: str, loss: Callable, args: tuple, per_layer: Callable, repeats: int
+def baseline_rows(name: str, loss: Callable, args: tuple, menu: dict[str, Callable], repeats: int
                   ) -> tuple[list, dict[str, Any], Any]:
-    """The plain step's and each per-layer policy's rows, their executables, and the plain gradients."""
+    """The plain step's and each one-line baseline's rows, their executables, and the plain gradients."""
     rows, executables = [], {}
-    programs = {"plain": loss, **{f"layer/{p}": per_layer(p) for p in POLICIES}}
+    programs = {"plain": loss, **menu}
     for strategy, program in programs.items():
         try:
             executables[strategy], peak, compile_s = compiled_step(program, args)
@@ -172,13 +205,14 @@ def plan_row(name: str, loss: Callable, args: tuple, budget: int, budget_name: s
 
 def run(name: str, fractions: tuple[float, ...], repeats: int, tolerance: tuple[float, float],
         extra_budgets: tuple[str, ...] = (), objective: str = "auto", quick: bool = False) -> Iterator[dict]:
-    loss, args, per_layer = PROGRAMS[name]()
-    baselines, executables, want = baseline_rows(name, loss, args, per_layer, repeats)
+    loss, args, menu = PROGRAMS[name]()
+    baselines, executables, want = baseline_rows(name, loss, args, menu, repeats)
     plain = baselines[0]
     for r in baselines:
         print(f"  {r['strategy']:<40} peak {r.get('peak_bytes', 0) / 2**30:7.3f} GiB  step {r.get('step_ms')} ms",
               flush=True)
-    budgets = [] if quick else [(f"{r['strategy']} peak", r["peak_bytes"]) for r in baselines[1:] if r.get("peak_bytes")]
+    budgets = [] if quick else [(f"{r['strategy']} peak", r["peak_bytes"]) for r in baselines
+                                if r["strategy"].startswith("layer/") and r.get("peak_bytes")]
     budgets += [(f"{f} x plain", int(f * plain["peak_bytes"])) for f in fractions]
     budgets += [(b, remat_opt.device_memory() if b == "device" else remat_opt.parse_bytes(b)) for b in extra_budgets]
     yield from baselines
