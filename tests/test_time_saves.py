@@ -18,6 +18,7 @@ from remat_opt.program._graph import build_graph
 from remat_opt.program._roofline import RooflineCostModel, bytes_moved
 from remat_opt.program._trace import trace, with_signature
 from remat_opt.rewrite._layers import LayerPlan, layer_program
+from remat_opt.rewrite._loops import recipe_candidates, user_names
 from remat_opt.solve._encoding import save_candidates
 from remat_opt.solve._layers import Layers, layers_of
 from remat_opt.solve._stage_saves import layer_names, layer_saves, layer_stages, saveable
@@ -136,5 +137,8 @@ def test_a_scanned_model_gets_its_body_saving_what_the_time_model_chose():
     plan = step.plan(*args)
     assert plan.fits and not any(t.label.startswith("every layer") for t in plan.timed)
     assert any("chosen by time" in t.label and "an iteration" in t.label for t in plan.timed)
+    # The body carries MaxText's names: each recipe a user of them can write is measured beside the policies.
+    recipes = {str(p) for p in recipe_candidates(user_names(trace(scan_loss, args, {}, (0,))))}
+    assert len(recipes) >= 5 and recipes <= {t.label for t in plan.timed}
     got, want = jax.jit(jax.grad(step))(*args), jax.jit(jax.grad(scan_loss))(*args)
     assert all(np.allclose(g, w, rtol=1e-4, atol=1e-5) for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)))

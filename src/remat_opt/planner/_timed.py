@@ -31,7 +31,8 @@ user's code, and then goes between them:
    :class:`remat_opt.program._roofline.RooflineCostModel` at the ridge the
    device is measured to have), in the bytes the budget leaves above the
    least-memory per-layer plan (read as XLA's bytes through the measured
-   peaks of the per-layer dot policies).
+   peaks of the per-layer dot policies), and in shares of those bytes
+   (:data:`CAP_SHARES`): the device, not the model, says whether saving more pays.
 
 Steps 3 and 4 are compiled together, and run where they fit.
 
@@ -69,7 +70,7 @@ from ..program._graph import ProgramGraph, build_graph
 from ..program._roofline import RooflineCostModel
 from ..program._trace import TracedProgram, trace, with_signature
 from ..rewrite._layers import LayerPlan, StagePolicy, layer_program
-from ..rewrite._loops import LoopPlan, loop_program, planned_scans
+from ..rewrite._loops import LoopPlan, loop_program, planned_scans, recipe_candidates, user_names
 from ..program._scan_body import scan_body
 from ..solve._body import choose_saved
 from ..solve._layers import Layers, layers_of
@@ -84,6 +85,11 @@ LADDER: tuple[StagePolicy, ...] = ("nothing_saveable", "dots_with_no_batch_dims_
 
 BODY_SOLVER = SolverOptions(time_limit_s=10.0, deterministic_time_limit=2.0)
 """CP-SAT's limits for a scan body's saved set: a body is one layer, solved in well under a second."""
+
+CAP_SHARES = (1.0, 0.75, 0.5, 0.25)
+"""The shares of the bytes a budget leaves in which the time model chooses saved values, one
+candidate each. Saving more is not always faster on the device (a stored value is written and read
+back, in a layout the compiler picks), which the model does not price: the device decides."""
 
 UNDONE = 0.75
 """A per-layer checkpoint that saves nothing but peaks above this share of the plain program's may
@@ -184,10 +190,11 @@ class _Search:
         return [self.layer_candidate([p] * count, f"every layer {p}", fenced) for p in LADDER]
 
     def loops(self) -> list[Candidate]:
-        """Each policy of :data:`LADDER` on the body of the program's scans."""
+        """Each policy of :data:`LADDER` on the body of the program's scans, and each name recipe
+        a user of the names the body carries can write (MaxText's, :func:`recipe_candidates`)."""
         if not planned_scans(self.traced):
             return []
-        plans = [LoopPlan(str(p)) for p in LADDER]
+        plans = [LoopPlan(str(p)) for p in LADDER] + recipe_candidates(user_names(self.traced))
         return [Candidate(str(plan), with_signature(self.call.fn, self.traced, loop_program(self.traced, plan)),
                           loop_plan=plan) for plan in plans]
 
@@ -235,7 +242,7 @@ class _Search:
     def saves_by_time(self, measured: list[Candidate]) -> list[Candidate]:
         """Every layer saving the values the time model chooses (:func:`layer_saves` over
         :func:`time_graph`) in the bytes the budget leaves above the least-memory per-layer plan;
-        in all of them, in three quarters, and in all with the last layer as written."""
+        in each share of them in :data:`CAP_SHARES`, and in all with the last layer as written."""
         if self.layers is None:
             return []
         uniform = self._uniform_of(measured)
@@ -246,7 +253,7 @@ class _Search:
         peaks = {str(p): c.peak_bytes for p, c in uniform.items()}
         scale = _xla_bytes_per_model_byte(_dot_bytes(graph, self.layers.spans()), peaks, least.peak_bytes)
         allowance = (self.call.budget - least.peak_bytes) / scale
-        caps = [int(allowance), int(0.75 * allowance)]
+        caps = [int(share * allowance) for share in CAP_SHARES]
         out: list[Candidate] = []
         seen: set[frozenset[int]] = set()
         for cap, saved in zip(caps, layer_saves(graph, self.layers, caps) if allowance > 0 else []):
@@ -263,8 +270,8 @@ class _Search:
     def body_saves_by_time(self, measured: list[Candidate]) -> list[Candidate]:
         """For a program whose layers are one ``lax.scan``: its body saving the values the time model
         chooses (:func:`remat_opt.solve._body.choose_saved` over :func:`time_graph` of the body), in
-        the bytes per iteration the budget leaves above the body under ``nothing_saveable``; in all
-        of them and in three quarters."""
+        the bytes per iteration the budget leaves above the body under ``nothing_saveable``, in
+        each share of them in :data:`CAP_SHARES`."""
         positions = planned_scans(self.traced)
         peaks = {c.loop_plan.policy: c.peak_bytes for c in measured
                  if c.loop_plan is not None and c.loop_plan.policy is not None}
@@ -277,7 +284,7 @@ class _Search:
         allowance = (self.call.budget - least) / (_xla_bytes_per_model_byte(model, peaks, least) * body.length)
         out: list[Candidate] = []
         seen: set[tuple[str, ...]] = set()
-        for cap in (int(allowance), int(0.75 * allowance)) if allowance > 0 else ():
+        for cap in [int(share * allowance) for share in CAP_SHARES] if allowance > 0 else []:
             saved = choose_saved(graph, cap, BODY_SOLVER).saved
             if saved and saved not in seen:
                 seen.add(saved)
