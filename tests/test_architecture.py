@@ -7,12 +7,18 @@ remat_opt itself, to find its folder):
   ``TYPE_CHECKING`` imports alike, has no cycle;
 - every module is in a layer: a subpackage, or a top-level module of :data:`CORE`, :data:`PLAN`
   or :data:`FACE`;
-- imports run down the layers, never up (the contract is :data:`MAY_IMPORT`).
+- imports run down the layers, never up (the contract is :data:`MAY_IMPORT`);
+- docstrings and comments hold no measured percentage (:data:`KEPT_PERCENTAGES` are not
+  measurements): they state the contract and a one-line why, and docs/measurements.md holds
+  the figures (issue 51).
 """
 
 from __future__ import annotations
 
 import ast
+import io
+import re
+import tokenize
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -204,3 +210,55 @@ def test_functions_are_a_screen_long_and_take_few_parameters():
                       if code_lines(node, lines) > MAX_CODE_LINES)
     assert not too_wide + too_long, ("pass an object that names the concept, or split the function:\n"
                                      + "\n".join(too_wide + too_long))
+
+
+PERCENTAGE = re.compile(r"\d+(?:\.\d+)?\s?%")
+KEPT_PERCENTAGES = {
+    ("remat_opt._plan", '"FEASIBLE, gap 12.3%"'): "an example of the status text the property formats",
+    ("remat_opt._plan", "a gap of 100%"): "a definition: a gap of 1.0 or more is shown as no lower bound",
+    ("remat_opt.planner._loop_planning", "(and 1% of the"): "the margin the code takes off (budget // 100)",
+}
+"""Per (module, fragment of the line), why a percentage in a docstring or comment is not a
+measurement: a constant the code uses, a definition or an example of output."""
+
+
+def prose_lines(source: str) -> Iterator[tuple[int, str]]:
+    """The lines of ``source``'s docstrings (every string standing as a statement: a module's,
+    class's, function's or attribute's) and its comments, with their numbers."""
+    lines = source.splitlines()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            for k in range(node.lineno, (node.end_lineno or node.lineno) + 1):
+                yield k, lines[k - 1]
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.COMMENT:
+            yield token.start[0], token.string
+
+
+def percentages_in_prose() -> Iterator[tuple[str, int, str]]:
+    """Every docstring or comment line of remat_opt that holds a percentage: module, line, text."""
+    for module, path in MODULES.items():
+        for line, text in prose_lines(path.read_text(encoding="utf-8")):
+            if PERCENTAGE.search(text):
+                yield module, line, text.strip()
+
+
+def kept_fragment(module: str, text: str) -> str | None:
+    """The fragment of :data:`KEPT_PERCENTAGES` that ``text`` of ``module`` holds, if any."""
+    return next((fragment for m, fragment in KEPT_PERCENTAGES if m == module and fragment in text), None)
+
+
+def test_the_prose_scan_sees_docstrings_and_comments_not_code():
+    source = ('x = 1  # ran 5% faster\n"""An attribute\'s docstring: 12.5 % less."""\n\n\n'
+              'def f():\n    """Cut the error\n    to 3%."""\n    return f"{x:.1%}"\n')
+    assert sorted(line for line, text in prose_lines(source) if PERCENTAGE.search(text)) == [1, 2, 7]
+
+
+def test_docstrings_and_comments_hold_no_measured_percentage():
+    found = list(percentages_in_prose())
+    measured = [f"{module}:{line}: {text}" for module, line, text in found if kept_fragment(module, text) is None]
+    assert not measured, ("a docstring states the contract and a one-line why: move each measured figure "
+                          "to docs/measurements.md and point there (or, if it is a constant or a "
+                          "definition, add it to KEPT_PERCENTAGES with why):\n" + "\n".join(measured))
+    stale = set(KEPT_PERCENTAGES) - {(module, kept_fragment(module, text)) for module, _, text in found}
+    assert not stale, f"KEPT_PERCENTAGES entries no docstring or comment holds any more: {sorted(stale)}"

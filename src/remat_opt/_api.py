@@ -65,9 +65,9 @@ def optimize(
             XLA would rebuild in every reader from its operands (a residual
             stream) a reader XLA cannot fuse, so it computes the value once
             and frees the operands (:mod:`remat_opt.memory._once`). Same values and
-            gradients. Measured on the zoo GPT's and U-Net's plans, 0-11%
-            lower peaks (jax 0.10.2, XLA:CPU). ``False`` leaves XLA to
-            duplicate them as it likes.
+            gradients, and lower or equal peaks on the zoo's plans
+            (docs/measurements.md, "Stored values computed once"). ``False``
+            leaves XLA to duplicate them as it likes.
         xla_facts: compile the program as written once more, with XLA's
             dump on, and read what the memory model takes from XLA
             (:mod:`remat_opt.memory._compiled`): what XLA did with the values

@@ -20,7 +20,7 @@ budget is split and then checked, XLA judging both ends:
 4. The whole step around the planned loss is compiled and its peak measured;
    the step's peak less the loss's is what the rest of the step takes around
    this plan, which is not the overhead (around a planned loss it is often
-   less: on the zoo GPT with adam, 18% less). The next loss budget is the
+   less: docs/design.md, "The whole training step"). The next loss budget is the
    budget less that: over the budget, also less the overshoot and a margin;
    under it, with the loss recomputing something, it is loosened, so a
    cheaper plan may fit (never up to a loss budget whose step was over). A

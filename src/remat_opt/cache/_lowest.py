@@ -5,8 +5,9 @@ any plan, and says a budget at or above it works. Which schedules a search
 measures depends on its budget, though: the model ranks candidates against
 the budget, so a schedule measured at one budget (where it was the lowest)
 may not be among those measured at a higher one. A program the model
-misjudges (a convolutional network it put 39% under XLA's figure) was
-refused again at the very budget its error had named.
+misjudges (a convolutional network it put far under XLA's figure:
+docs/xla_findings.md, section 8) was refused again at the very budget its
+error had named.
 
 So the lowest-memory schedule XLA measured is kept, under the program's key
 for any budget (:func:`remat_opt.cache._cache.plan_key` with no budget): the one

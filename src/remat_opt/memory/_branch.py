@@ -11,11 +11,10 @@ recomputation that reads it; the transposes run at their depth from the
 segment's end. Values at the segment's end die early while deep chains (the
 first layer's attention, behind a recomputed embedding and layer norm) are
 not yet computed, so fewer are live at once than the whole recomputation.
-
-Measured (jax 0.10.2, XLA:CPU): in the demo GPT's plan at 0.4 of its plain
-peak, XLA holds 6 of the first segment's 8 recomputed 1 MiB buffers at that
-segment's peak; this count gives the same 6. With the depth-first scheduler
-(``=false``) the same schedules measure 3-32% higher.
+This count gives the recomputed buffers XLA holds at the peak of the demo
+GPT's fenced segment; with the depth-first scheduler (``=false``) the same
+schedules measure higher (docs/measurements.md, "The breadth-first
+scheduler").
 """
 
 from __future__ import annotations

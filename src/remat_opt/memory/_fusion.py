@@ -4,7 +4,8 @@ XLA fuses cheap elementwise work into its readers, so many residuals JAX lists
 never get a buffer (they are recomputed inside the backward's fusions), while
 some values JAX does not list are held for those fusions. Each rule here was
 read off XLA's buffer assignment (jax 0.10.2, XLA:CPU); :mod:`remat_opt.program._graph`
-applies them when it builds the program graph.
+applies them when it builds the program graph (the measurements behind
+them: docs/measurements.md, "Fidelity: predicted against measured peak").
 """
 
 from __future__ import annotations
@@ -178,8 +179,8 @@ def fused_sources(graph: ProgramGraph, fused: tuple[bool, ...],
     fused residual (``fused_residuals``) is recomputed in its backward fusions
     from the nearest values that are not cheap: walking up through cheap units
     (even ones whose own buffer is kept), to a convolution, a dot, a reduction,
-    a transcendental. Those sources stay live into the backward. Measured on
-    XLA:CPU (jax 0.10.2): in a group norm, the relu mask and ``(x - mean) *
+    a transcendental. Those sources stay live into the backward. On XLA:CPU
+    (jax 0.10.2), in a group norm, the relu mask and ``(x - mean) *
     rsqrt(var)`` are recomputed in the backward from the convolution's output,
     which XLA holds, although JAX's residuals are ``x - mean`` and the relu
     output. The walk also stops at a cheap value a reduction reads directly
@@ -190,13 +191,12 @@ def fused_sources(graph: ProgramGraph, fused: tuple[bool, ...],
     The walk also stops at a node of ``computed_once``: a value a conditional
     XLA cannot fuse reads (:mod:`remat_opt.memory._once`), which XLA computes once
     and the fusions then read, the node itself and not another computation
-    of the same buffer. Measured (jax 0.10.2, XLA:CPU) on the zoo U-Net, whose
-    group norms compute ``x - mean`` twice (for the variance, then to
-    normalize; one buffer after CSE): two CP-SAT plans with the same last
-    segment, one naming the first ``x - mean`` of each block and one only
-    the second. XLA holds the convolution's output behind it in the second
-    plan's last segment and not in the first's; counting the outputs in
-    both over-predicted the first by 6.8%.
+    of the same buffer. Found on the zoo U-Net, whose group norms compute
+    ``x - mean`` twice (for the variance, then to normalize; one buffer
+    after CSE): in a plan naming the first ``x - mean`` of each block XLA
+    holds no convolution output behind it in the last segment, in one
+    naming only the second it does (docs/measurements.md, "The schedule
+    set").
     """
     units, node_unit, residual, buffer = graph.units, graph.node_unit, graph.residual, graph.buffer
     n = len(node_unit)
@@ -233,12 +233,10 @@ def fused_and_held(graph: ProgramGraph) -> tuple[tuple[bool, ...], tuple[bool, .
     it fusable too: XLA keeps the MLP's ``dot_general`` output for the
     GELU's fused ``tanh`` and ``x³`` terms, and then recomputes the bias add
     ``h + b`` (JAX's residual) inside the backward's fusions from it as well,
-    instead of holding both. Measured in XLA's buffer assignment (jax 0.10.2,
-    XLA:CPU) for the demo GPT cut in three segments: the middle segment's
-    backward holds, per layer, the matmul output but no bias-add buffer; the
-    model had counted both, 1 MiB a layer too many, and over-predicted
-    Chen's schedules on the demo GPT by up to 17% (after: within 8%).
-    Both sets only grow, so the iteration ends (bounded anyway).
+    instead of holding both (XLA's buffer assignment for the demo GPT cut
+    in three segments: the middle segment's backward holds, per layer, the
+    matmul output but no bias-add buffer; docs/measurements.md, "Earlier
+    model changes"). Both sets only grow, so the iteration ends (bounded anyway).
     """
     fused = fused_residuals(graph)
     held = fused_sources(graph, fused)

@@ -14,9 +14,9 @@ The model charges that as the scan unit's transient (see
 :func:`remat_opt.memory._transient.transient_bytes`): the peak of the body's own
 gradient, simulated by the same model on the body's own graph, above the
 body's inputs and outputs (live in the enclosing program already), less the
-bytes per iteration the enclosing scan stores for it. Measured on the
-12-layer scan GPT (jax 0.10.2, XLA:CPU): without it the loop plans that nest
-iterations in groups were predicted 32-69% under XLA's peak.
+bytes per iteration the enclosing scan stores for it: without it the loop
+plans that nest iterations in groups were predicted far under XLA's peak
+(docs/measurements.md, "Loop-plan fidelity").
 """
 
 from __future__ import annotations

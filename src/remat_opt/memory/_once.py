@@ -9,8 +9,8 @@ hands its residuals to the backward through a one-operand ``reduce_precision``,
 which XLA may duplicate too, so XLA rebuilds each stored stream value from the
 branch outputs added into it (``x0 + d1 + d2 + ...``) in every fusion that
 reads it, and keeps every branch output live until the last such fusion:
-memory the plan never asked for (jax 0.10.2: the 16 attention and MLP output
-projections of the zoo GPT, 4 MiB at its forward peak).
+memory the plan never asked for (the zoo GPT's attention and MLP output
+projections, at its forward peak).
 
 :func:`computed_once` gives such a value a reader XLA cannot fuse: a
 ``lax.cond`` on a predicate it cannot fold whose branches return the value
@@ -19,20 +19,13 @@ identity branches XLA removes it). XLA then computes the value once, its
 readers read that buffer, and the branch outputs die where the plan says.
 The backward of :func:`computed_once` is the identity. Both branches are
 free in FLOP counts (an earlier copy by two XORs an element was priced as
-work, though it runs only when the first element is NaN: 1.94M FLOPs
-counted for the small zoo GPT's plan at 0.85 of its plain peak, which
-recomputes 1.09M; with the barrier XLA's peak on the demo GPT's named plans
-is the same or up to 0.9% lower, on that small plan 1.0% higher).
+work, though it runs only when the first element is NaN).
 
-Measured (jax 0.10.2, XLA:CPU), XLA's peak with the stored values computed
-once against without, on the plans that save names of
-``experiments/schedule_fidelity.py``: the zoo GPT's eleven -7.1..0.0% (the
-CP-SAT plans at 30.32 and 53.48 MiB budgets -7.1% and -5.3%), the U-Net's
-eight -3.8..+0.1%, the ResNet's two +0.1%; the GPT's Pareto plans at the
-41.90 and 53.48 MiB budgets 40.92 -> 36.44 and 52.56 -> 49.57 MiB. Where a
-plan saves no names (Chen's segmentations, Revolve) the same readers cost
-memory instead (Chen's sqrt(n) GPT +1.3%, the MLP's Revolve tree +7.7%), so
-such plans get none (:func:`once_values`). On by default
+With the stored values computed once, XLA's peak for the plans that save
+names is lower or about the same; where a plan saves no names (Chen's
+segmentations, Revolve) the same readers cost memory instead, so such plans
+get none (:func:`once_values`). Figures: docs/measurements.md, "Stored
+values computed once". On by default
 (``optimize(..., compute_saved_once=False)`` turns it off). The memory model
 counts the plans it applies to as XLA then runs them: the stored values held
 once, each fenced branch's recomputation as XLA's breadth-first scheduler

@@ -9,12 +9,12 @@ it to the end of the step. Whether it does is read off the program's own
 compile (:func:`remat_opt.memory._compiled.deferred_sums`, set as
 :attr:`remat_opt.program.ProgramGraph.summed_at_end`), not assumed.
 
-Measured (jax 0.10.2, XLA:CPU) on the development set's LSTM
-(``experiments/dev_programs.py``: 12 steps, a 224x896 recurrent weight):
-its plain step holds twelve 784 KiB partials of that weight, and Chen's
-sqrt(n) segmentation one per fenced segment that reads it (the sum's twelve
-operands are the conditionals' outputs): 8.4 MiB of its 12.9 MiB peak, none
-of which the model counted (it predicted 4.9 MiB).
+Found on the development set's LSTM (``experiments/dev_programs.py``): its
+plain step holds every step's partial of the recurrent weight, and Chen's
+sqrt(n) segmentation one per fenced segment that reads it, most of its peak
+and none of it counted by the model before (docs/measurements.md, "Gradient
+partials summed at the end: diagnosed on a development set, then measured
+on held-out programs").
 
 What a schedule holds: a fenced segment's backward returns one partial for
 the segments it reads the weight in (JAX's transpose of the checkpointed

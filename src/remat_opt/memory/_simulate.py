@@ -58,33 +58,25 @@ and saved names, each once for the whole step, in any slot as large; then a
 fenced segment's rematerialized buffers in the slots left free:
 :func:`remat_opt.memory._slots.predicted_slot_credit`).
 
-Known gaps, measured in XLA's buffer assignment (jax 0.10.2, XLA:CPU) and
-not modelled yet: XLA's assignment is global and also places temporaries
-the model does not list (weight relayouts, cotangents), so the slot credit
-is approximate: within 5% of XLA's peak on all 118 measured schedules of
-the zoo models (``experiments/schedule_fidelity.py``: Chen's, Chen's
-greedy, Revolve and CP-SAT's plans), -5.0% (CP-SAT's demo GPT plan at 0.3
-of its plain peak) .. +4.8% (Revolve's trees on the ResNet). A cut just
-before an elementwise op whose input then crosses costs one activation
-more than modelled. The model has no forward peak, where XLA can peak: its
-fusions recompute a residual stream from the branch outputs added into it
+Known gaps, read off XLA's buffer assignment and not modelled yet: XLA's
+assignment is global and also places temporaries the model does not list
+(weight relayouts, cotangents), so the slot credit is approximate (its
+error on the zoo's measured schedules, ``experiments/schedule_fidelity.py``:
+docs/measurements.md, "The schedule set"). A cut just before an
+elementwise op whose input then crosses costs one activation more than
+modelled. The model has no forward peak, where XLA can peak: its fusions
+recompute a residual stream from the branch outputs added into it
 (``x0 + d1 + d2 + ...``) instead of reading the stream, so every branch
-output stays live until the last such fusion. In the zoo GPT's CP-SAT plan
-at a 41.90 MiB budget (111 names, measured 40.92 MiB, -8.9%), all 16
-attention and MLP output projections and the embedding are live at the
-last MLP's forward; counting them (and chains through stored values) puts
-that plan and the one at 53.48 MiB within 0.3%. Where XLA ends such a chain
-is its fusion pass's choice, not the graph's: in Chen's sqrt(n) plan of the
-same model it ends at four of its 26 boundaries. Charging whole chains
-over-predicted four of Chen's segmentations and one greedy candidate by
-7.7-9.3%, and four other named plans by 5.3-8.0% (jax 0.10.2, XLA:CPU).
-XLA's fusion log shows what ends a chain: not its 15-copy duplication cap
-but its rule that a value with more than one full-size operand is computed
-once when a direct reader cannot fuse it (a backward conditional reading
-it raw). Whether a residual reaches the conditional raw or through the
-``reduce_precision`` ``jax.checkpoint`` puts on residuals its segment also
-reads, and what XLA's passes leave of that, the schedule does not tell
-(Chen's plan: 16 raw stream adds in the HLO JAX emits, 4 computed once).
+output stays live until the last such fusion. Where XLA ends such a chain
+is its fusion pass's choice, not the graph's, so charging whole chains
+fixes some plans and over-predicts others (docs/measurements.md, "The
+Pareto sweep's plans"). XLA's fusion log shows what ends a chain: not its
+15-copy duplication cap but its rule that a value with more than one
+full-size operand is computed once when a direct reader cannot fuse it (a
+backward conditional reading it raw). Whether a residual reaches the
+conditional raw or through the ``reduce_precision`` ``jax.checkpoint``
+puts on residuals its segment also reads, and what XLA's passes leave of
+that, the schedule does not tell.
 :mod:`remat_opt.memory._once` uses that rule to end the chains of plans that
 save names (``optimize``'s default), which the model then counts as written:
 in those plans, the prediction lays the last
@@ -143,27 +135,21 @@ def _read_copies(
     A segment may recompute nothing that reads a value crossing into it (one
     that saves names, or one whose code has no residual to recompute), and
     no transpose reads a value that is not a residual: JAX then keeps no
-    residual for it, and the value dies in the forward. Measured (jax
-    0.10.2, XLA:CPU): in the small test GPT's plan at 0.85 of its plain
-    peak, XLA holds none of the 7 stream values the model had stored across
-    cuts that save their segment's stream adds, 0.22 MiB at its peak; the
-    model over-predicted that plan by 5.6% (+4.5% once the conditionals of
-    :mod:`remat_opt.memory._once` became optimization barriers), and predicts it
-    within 1% with this rule. Chen's sqrt(n) segmentation of the zoo GPT
-    has six two-position segments, a bias added to the residual stream; XLA
-    holds none of the stream values crossing into them, and the model went
-    from +5.6% to -0.7% of its peak. Not with nesting: a nested segment's
-    backward reruns its forward, which reads them (the zoo MLP's Revolve
-    trees, -0.1% -> -3.8% with the rule).
+    residual for it, and the value dies in the forward (XLA holds none of
+    the stream values crossing into such segments: the small test GPT's
+    plan at 0.85 of its plain peak, Chen's sqrt(n) segmentation of the zoo
+    GPT). Not with nesting: a nested segment's backward reruns its forward,
+    which reads them. Figures: docs/measurements.md, "The schedule set".
 
     Nor where its own segment's recomputation reads it (a sine's cosine, from
     its input): a segment output is saved by name, and JAX keeps it to that
     segment's backward. Counted from its first reader outside its segment, as
     CP-SAT's encoding counts a crossing value (XLA holds it in the segments
     between too; left out, the prediction stays at or under the planning
-    model's). Measured (jax 0.10.2, XLA:CPU): a value read in its segment and,
-    past two cuts, only by an add (``tests/test_stored.py``), -6.7% -> 0.0%;
-    Chen's segmentation of the fresh ``associative_scan``, -41.5% -> -23.2%.
+    model's). Found on a value read in its segment and, past two cuts, only
+    by an add (``tests/test_stored.py``), and on Chen's segmentation of the
+    fresh ``associative_scan`` (docs/measurements.md, "Fresh programs: a
+    second evaluation set").
     """
     residual_buffers = {graph.buffer[v] for v in range(graph.num_nodes) if read_by_backward(graph, v)}
     readers: dict[int, set[int]] = {}  # buffer -> segments whose recomputation reads it
@@ -208,9 +194,9 @@ def simulated(graph: ProgramGraph, schedule: Schedule, *, planning: bool = False
     encodes exactly it): the same, except for the gradient-slot credit,
     which is narrower (see the module docstring). The prediction's rules
     are approximate, and as constraints they steered CP-SAT to plans XLA
-    measured over their prediction (with names saved: the demo GPT at
-    0.6, 0.5, 0.4 and 0.3 of its plain peak, 1-9%): an optimizer seeks out
-    where a model errs low. Planned without them, plans are over-predicted
+    measured over their prediction (with names saved: the demo GPT's
+    tighter budgets; docs/measurements.md, "Earlier model changes"): an
+    optimizer seeks out where a model errs low. Planned without them, plans are over-predicted
     rather than under (see :func:`remat_opt.memory._slots.segment_slots` for the figures).
 
     Nesting (``schedule.nested``) is simulated on the segments of every level
@@ -448,12 +434,11 @@ def _held_cotangents(graph: ProgramGraph, layout: _Layout) -> list[int]:
     A nested segment whose backward runs inside another nested segment's
     backward (a conditional within a conditional) keeps the cotangents it was
     called with live until it returns, through its last segment too (XLA
-    holds a conditional's operands for the whole conditional). Measured on
-    the zoo MLP's three-level trees: one activation each; not so one level
-    down (crediting it there over-predicted ResNet Revolve by 9%). Held
-    through the last segment, where the ResNet's Revolve tree peaks: its
-    four Revolve trees went from -5.5..+4.8% to -1.5..+4.8%, the MLP's from
-    -3.5..-0.1% to -0.1% (jax 0.10.2, XLA:CPU).
+    holds a conditional's operands for the whole conditional): one
+    activation each on the zoo MLP's three-level trees; not so one level
+    down (crediting it there over-predicted the ResNet's Revolve trees).
+    Held through the last segment too, where the ResNet's Revolve tree
+    peaks (docs/measurements.md, "The schedule set").
     """
     held = [0] * layout.num_segments
     for (lo, stop), (first, last) in zip(layout.ranges[1:], layout.levels[1:]):

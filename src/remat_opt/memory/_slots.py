@@ -30,9 +30,10 @@ def gradient_slots(graph: ProgramGraph) -> tuple[tuple[int, int], ...]:
     XLA counts every gradient's output allocation from the start of the step
     (``output_bytes``), but writes it only in the backward of the segment
     that holds its input's last reader; until then the allocation is free,
-    and XLA lays stored values of the same size over it (jax 0.10.2, XLA:CPU:
-    on the demo GPT cut in 16 segments, 14 of its 15 stored boundaries sit in
-    the gradient buffers of earlier layers' ``w_fc`` and ``w_proj``).
+    and XLA lays stored values of the same size over it (on the demo GPT cut
+    in segments, most stored boundaries sit in the gradient buffers of
+    earlier layers' ``w_fc`` and ``w_proj``: docs/measurements.md, "Earlier
+    model changes").
     Differentiated inputs that nothing reads are left out.
     """
     return tuple((size, last) for size, last, _ in _slots_with_readers(graph))
@@ -41,9 +42,9 @@ def gradient_slots(graph: ProgramGraph) -> tuple[tuple[int, int], ...]:
 def matmul_slots(graph: ProgramGraph) -> tuple[bool, ...]:
     """Per slot of :func:`gradient_slots`, in its order: whether only matmuls
     read the input. XLA:CPU lays a convolution's kernel, transposed for its
-    backward, over the kernel's own gradient buffer (in the zoo U-Net's plans,
-    9 to 12 of its 16 kernel gradients hold one at XLA's peak; jax 0.10.2),
-    and that slot is not free for anything else."""
+    backward, over the kernel's own gradient buffer (most of the zoo U-Net's
+    kernel gradients hold one at XLA's peak: docs/measurements.md, "The
+    schedule set"), and that slot is not free for anything else."""
     return tuple(matmul for _, _, matmul in _slots_with_readers(graph))
 
 
@@ -89,15 +90,13 @@ def segment_slots(
     free only from the segment after its input's last reader (its position
     moved to the end of that segment).
 
-    Measured on CP-SAT's named plans (jax 0.10.2, XLA:CPU): XLA's first-fit,
-    which runs in program order, gives a slot to the same-size values of the
-    reader's own segment (short forward temporaries, the names it saves)
-    before a boundary stored there. Crediting no slot in such schedules
-    over-predicted seven plans on the demo and seq-512 GPTs by up to 10.7%;
-    crediting them from the reader's position on, under-predicted by up to
-    6.2%; from the next segment on, all seven fall within 5.2% (figures of
-    the same-size rule that :func:`assign_stored_buffers` replaced in the
-    prediction). The prediction only: CP-SAT plans without it
+    XLA's first-fit, which runs in program order, gives a slot to the
+    same-size values of the reader's own segment (short forward
+    temporaries, the names it saves) before a boundary stored there: on
+    CP-SAT's named plans, crediting no slot over-predicts, crediting from
+    the reader's position on under-predicts, and crediting from the next
+    segment on comes closest (docs/measurements.md, "Earlier model
+    changes"). The prediction only: CP-SAT plans without it
     (``simulate(planning=True)``).
     """
     ends = sorted(c - 1 for c in cuts if 0 < c < num_positions) + [num_positions - 1]
@@ -116,10 +115,10 @@ def slot_credit(items: list[tuple[int, int]], slots: tuple[tuple[int, int], ...]
     slot left, is a largest matching (and the same one at every segment,
     whose live stored values are those read earliest).
 
-    Measured (jax 0.10.2, XLA:CPU): on Chen's schedules of the GPT, 14 of 15
-    stored boundaries sit in gradient slots, and crediting them brings the
-    demo GPT's lowest plans from +19% over-predicted to within 1.4%. In
-    schedules that also save names a slot is free later (:func:`segment_slots`).
+    On Chen's schedules of the GPT most stored boundaries sit in gradient
+    slots, which the model over-predicted until it credited them
+    (docs/measurements.md, "Earlier model changes"). In schedules that also
+    save names a slot is free later (:func:`segment_slots`).
     """
     credit = 0
     for size, reads in slot_reads(slots).items():
@@ -153,24 +152,19 @@ def stored_in_slots(
     Without names, not the residuals of code run as written:
     :func:`remat_opt.memory._calibrate.calibrate` fits those to XLA's peak for the plain
     program, slots included. With names, XLA lays them over gradient slots
-    like any stored value: in the zoo U-Net's CP-SAT plan at a 3.05 MiB
-    budget (Pareto sweep at 2ac7f41; stored values computed once,
-    :mod:`remat_opt.memory._once`), the last segment's two concatenations
-    (transposed), a convolution's output and a ``tanh`` sit in the gradient
-    buffers of its convolutions at its peak. Without them that plan and one
-    other were over-predicted by 7.0% and 6.8%; with them all 21 named plans
-    of ``experiments/schedule_fidelity.py``, measured with their stored
-    values computed once, fall within 5% (-5.0..+4.4%; jax 0.10.2, XLA:CPU).
-    Names:
-    in XLA's buffer assignment for the zoo U-Net's CP-SAT plans that save 70
-    names, the names sit in the gradient buffers of its convolutions, which
-    the plain program fills with transposed kernels instead; without them
-    those plans were over-predicted by up to 10.6%, and all 32 U-Net
-    schedules fall within 4.8% with them (jax 0.10.2, XLA:CPU). Code run as
-    written then loses the slots it had in the plain program
-    (:func:`remat_opt.memory._terms.tail_extra_bytes`). The GPT's CP-SAT plans for
-    budgets of 41.90 and 53.48 MiB, whose XLA peak is in the forward, which
-    the model does not simulate, went from -4.1% and -2.6% to -8.9% and -5.9%.
+    like any stored value: in the zoo U-Net's CP-SAT plans with stored
+    values computed once (:mod:`remat_opt.memory._once`), the last
+    segment's concatenations (transposed), a convolution's output and a
+    ``tanh`` sit in the gradient buffers of its convolutions at its peak
+    (docs/measurements.md, "The breadth-first scheduler").
+    Names: in XLA's buffer assignment for the zoo U-Net's CP-SAT plans that
+    save names, the names sit in the gradient buffers of its convolutions,
+    which the plain program fills with transposed kernels instead. Code run
+    as written then loses the slots it had in the plain program
+    (:func:`remat_opt.memory._terms.tail_extra_bytes`). Plans whose XLA peak
+    is in the forward, which the model does not simulate, are then
+    under-predicted more (docs/measurements.md, "The schedule set", "Saved
+    names in gradient slots").
     """
     first_read: dict[int, int] = {}
     for v, level, first, last in copies:
@@ -196,10 +190,9 @@ def assign_stored_buffers(
     :func:`segment_slots`) and dead before the gradient is written: the
     slot's segment (``slot_segments``) comes before the buffer's ``first_read``.
 
-    Measured (jax 0.10.2, XLA:CPU): the zoo U-Net's 32 KiB activations sit in
-    the 36 to 192 KiB gradient buffers of its convolutions, which no same-size
-    rule credits; its 23 Chen, Chen greedy and Revolve schedules went from
-    -4.6% .. +11.9% to -4.7% .. +3.3% of XLA's peak.
+    The zoo U-Net's activations sit in the larger gradient buffers of its
+    convolutions, which no same-size rule credits (docs/measurements.md,
+    "The schedule set", "Slots as large or larger").
     """
     order = sorted(range(len(slots)), key=lambda k: slots[k])
     holder: dict[int, int] = {}
@@ -220,9 +213,9 @@ def best_fit_credit(buffers: Iterable[tuple[int, int]], free: Iterable[tuple[int
 
     For a fenced segment's rematerialized buffers: XLA lays any temporary over
     a free gradient buffer as large, not only stored values (in the demo GPT
-    cut in three segments, the middle segment's recomputed 256 KiB activations
-    sit in the unwritten gradient buffers of the first layers' ``w_fc`` and
-    ``w_proj``; jax 0.10.2, XLA:CPU). A prediction only, like
+    cut in three segments, the middle segment's recomputed activations sit
+    in the unwritten gradient buffers of the first layers' ``w_fc`` and
+    ``w_proj``). A prediction only, like
     :func:`assign_stored_buffers`: CP-SAT plans without it.
     """
     room = sorted(free, key=lambda slot: (slot[0], -slot[1]))
@@ -269,15 +262,12 @@ def predicted_slot_credit(
     segment starts, and those of a matmul's operand (``slots.matmul``)
     read before the buffer's own position. The gradient of a weight read
     inside the segment is written only when the backward reaches its
-    reader, after it has freed the values computed later. Measured (jax
-    0.10.2, XLA:CPU): at the peak of Chen's three segments on the zoo GPT,
-    ten of the middle segment's recomputed 256 KiB activations sit in
-    gradient buffers, where the model had credited three; with the
-    slots read inside the segment, the model's error on the GPT's 29
-    schedules that save no names went from -2.7..+6.3% to -4.3..+4.0% of
-    XLA's peak (``experiments/schedule_fidelity.py``). Not a convolution's
-    kernel (:func:`matmul_slots`): crediting those too under-predicted 20
-    of the zoo U-Net's 24 such schedules by 8-16%.
+    reader, after it has freed the values computed later (so at the peak of
+    Chen's three segments on the zoo GPT, XLA holds more of the middle
+    segment's recomputed activations in gradient buffers than the model had
+    credited). Not a convolution's kernel (:func:`matmul_slots`): crediting
+    those too under-predicted the zoo U-Net's schedules. Figures:
+    docs/measurements.md, "The schedule set".
     """
     stored = list(stored)
     holder = assign_stored_buffers(stored, slots.slots, slots.segments)

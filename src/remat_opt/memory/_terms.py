@@ -43,7 +43,7 @@ def rematerialized_buffers(
     """Per segment, the buffers its backward rematerializes (``remat_sizes``: per
     recomputed unit, its buffer sizes), as ``(position, bytes)``, except float32 upcasts of parameters (mixed precision), which no
     gradient slot hosts: crediting them under-predicted the bf16 MLP of
-    tests/test_mixed_precision.py by 6%."""
+    tests/test_mixed_precision.py (docs/measurements.md, "Earlier model changes")."""
     from_inputs = [False] * graph.num_nodes  # computed from program inputs alone
     for unit in graph.units:
         for v in unit.outputs:
@@ -96,10 +96,9 @@ def tail_extra_bytes(graph: ProgramGraph, buffer: int, names_in_slots: bool = Fa
     A scale below 1 is XLA laying those residuals over gradient slots in the
     plain program. With ``names_in_slots`` (the prediction, in schedules that
     save names), the names take those slots (:func:`remat_opt.memory._slots.stored_in_slots`)
-    and the scale counts as 1. The demo GPT's CP-SAT plan at 0.75 of its
-    plain peak (scale 0.96): -1.3% of XLA's peak with neither the names in
-    slots nor this, -5.5% with the names on top of the scale (those slots
-    counted twice), -4.8% with both (jax 0.10.2, XLA:CPU).
+    and the scale counts as 1: crediting the names on top of the scale
+    counts those slots twice (docs/measurements.md, "The schedule set",
+    "Saved names in gradient slots" and "What did not work").
     """
     scale = max(1.0, graph.plain_storage_scale) if names_in_slots else graph.plain_storage_scale
     return round((scale - 1.0) * graph.node_bytes[buffer])

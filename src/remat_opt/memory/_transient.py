@@ -11,7 +11,8 @@ from ..program._graph import ProgramGraph
 
 # Quotients by a broadcast operand (a softmax's division by its row sum): see
 # :func:`transient_bytes`. Not products: the same rule for a normalization's
-# product by a broadcast scale over-predicted Revolve on the zoo ResNet by 9%.
+# product by a broadcast scale over-predicted Revolve on the zoo ResNet
+# (docs/measurements.md, "The schedule set").
 SCALING_PRIMITIVES = frozenset({"div"})
 
 
@@ -34,16 +35,14 @@ def transient_bytes(graph: ProgramGraph, unit: int, recomputed: bool = False, fe
     (``recomputed``: by a fenced segment, or by a nested segment's rerun of
     its forward; in schedules that save no names): the incoming cotangent
     stays live beside the full-size operand's cotangent, because the
-    broadcast operand's cotangent is reduced from it afterwards. Measured in
-    XLA's buffer assignment for the fenced attention backward of Chen's
-    schedules on the 8-layer GPT at sequence 512 (jax 0.10.2): the
-    probabilities, their cotangent, the scores' cotangent and the product
-    reduced for the row sum, four score-sized buffers, live at once where
-    the model had counted three; the same four in the innermost backward of
-    Revolve's trees on the demo GPT (-6.1% before they were counted, -3.0%
-    after). The plans CP-SAT finds with saved names
-    peak elsewhere and are over-counted by it (+4 to +14%), so it is not
-    charged there.
+    broadcast operand's cotangent is reduced from it afterwards: XLA's
+    buffer assignment for a fenced attention backward (Chen's schedules on
+    the GPT at sequence 512, Revolve's innermost backward on the demo GPT)
+    holds the probabilities, their cotangent, the scores' cotangent and the
+    product reduced for the row sum at once, four score-sized buffers. The
+    plans CP-SAT finds with saved names peak elsewhere and are over-counted
+    by it, so it is not charged there (docs/measurements.md, "The schedule
+    set").
     """
     u = graph.units[unit]
     out = max((graph.node_bytes[v] for v in u.outputs), default=0)
@@ -69,11 +68,10 @@ def held_forward_scratch(graph: ProgramGraph, unit: int) -> int:
     had spread it over every residual. Behind a fence it is a transient
     instead (:func:`transient_bytes`).
 
-    Measured on the development program ``pooled_resnet`` (jax 0.10.2,
-    XLA:CPU): CP-SAT's plan at 0.8 of its plain peak cuts at the pool, which
-    then runs as written; XLA holds that buffer (0.8 MiB) and the index
-    buffers (0.75 MiB, which this rule does not read as scratch: XLA adds
-    them without an ``op_name`` from the index search's outputs) at the
-    peak, and the model was 11% under XLA's figure, 4% with the rule.
+    Found on the development program ``pooled_resnet``, whose plan cutting
+    at the pool XLA holds that buffer for; the index buffers live beside it
+    are not read as scratch (XLA adds them without an ``op_name``).
+    Figures: docs/measurements.md, "The haiku ResNet's regression, found;
+    the pool's buffer held to the backward".
     """
     return graph.scratch[unit][2] if graph.scratch else 0

@@ -4,9 +4,9 @@
 user writes, and XLA can keep less for it than for ``fn`` as written without
 recomputing anything: under ``everything_saveable`` the backward reads the
 primal values the checkpoint saved, where plain differentiation keeps each
-rule's own residuals. On an unrolled recurrent cell with layer norm and gelu
-that was 8% under the plain peak on jax 0.10, and on an MLP with dropout 30%
-under it on jax 0.12 (docs/measurements.md, "Whole-function policies"): which
+rule's own residuals. An unrolled recurrent cell with layer norm and gelu
+peaked under the plain peak on jax 0.10, an MLP with dropout on jax 0.12
+(docs/measurements.md, "Whole-function policies as candidates"): which
 programs gain is XLA's choice. The memory model does not describe these
 programs (its trace sees through the checkpoint), so they are measured, never
 predicted: in order of recomputed FLOPs, only those cheaper than the plan

@@ -3,11 +3,11 @@
 Planning compiles its candidates for their figures only
 (:data:`remat_opt.memory._compiles.FIGURES_ONLY`): XLA's buffer assignment is
 made before the option it turns off is read, so the figures agree and each
-compile costs less (0.6 to 0.75 of the time on XLA:CPU). The judge is still the program the user runs, so the
-winner is compiled once more with the default options, and that figure is the
-plan's. Should the two ever disagree, the plan carries the default figure; if
-that is over the budget, the search runs again with every candidate compiled
-the user's way, so a returned plan always fits on the compile that counts.
+compile costs less (docs/measurements.md, "Planning time: what a plan compiles"). The
+judge is still the program the user runs, so the winner is compiled once more with the
+default options, and that figure is the plan's. Should the two ever disagree, the plan
+carries the default figure; if that is over the budget, the search runs again with every
+candidate compiled the user's way, so a returned plan always fits on the compile that counts.
 """
 
 from __future__ import annotations

@@ -65,8 +65,8 @@ def reduced_residuals(linear: core.Jaxpr, num_residuals: int) -> set[int]:
     in a norm layer), transposes to ``reduce_sum(normalized * ct)``: the
     gradient of the scale. XLA:CPU runs that reduction as a fusion that reads
     its elementwise operands from memory, so the residual gets a buffer even
-    when it is cheap to recompute (measured on jax 0.10.2, resnet: the group
-    norms' normalized activations are held through their segment's backward).
+    when it is cheap to recompute (the zoo ResNet's group norms' normalized
+    activations are held through their segment's backward).
     The residuals are the leading inputs of the linear program.
     """
     def size(v: Any) -> int:

@@ -9,7 +9,8 @@ JAX caches the jaxpr of a jitted function (``jnp.where``, ``jnp.take``,
 ``jax.nn.softmax``'s helpers, the user's own ``jax.jit`` helpers) and records
 its equations' tracebacks inside that function only, cut at the ``jit``
 boundary. Inlined into the flat program, an equation of ``jnp.where``'s body
-names no user line; about 12% of the zoo GPT's values did. When it names
+names no user line (docs/measurements.md, "The demo", for how many of the
+zoo GPT's values did). When it names
 none, :func:`at_call_site` gives it the traceback of the equation that called
 it, whose line is the user's call.
 """

@@ -105,8 +105,9 @@ def fenced_checkpoint(
     inline the branch and merge the recomputation back into the forward (CSE).
     Probing the output has a cost where the output is cheap elementwise work
     (``x @ w + b``): XLA recomputes the probed element from the operands in
-    the backward and keeps them live until then (measured: one activation
-    more, jax 0.10.2), so it is probed only where the cotangents alone might fold.
+    the backward and keeps them live until then (one activation more per
+    segment: docs/measurements.md, "The demo"), so it is probed only where
+    the cotangents alone might fold.
 
     Args:
         fn: function of arrays to checkpoint.

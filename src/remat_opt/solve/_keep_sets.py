@@ -92,11 +92,11 @@ def measured_keep_set(graph: ProgramGraph, budget: int, measure: Callable[[Sched
     """A keep-set XLA fits in ``budget``, found by measuring, with its peak; ``None`` if none
     is (or the program has more than :data:`ALL_SUBSETS` matmuls, or fewer than two).
 
-    Where the model misjudges a structure (parallel branches: it put keep-sets up to 27%
-    under XLA), ranking by its peak measures the wrong ones. Measured instead: each
-    per-matmul segmentation keeping nothing; on the lowest that fits, a greedy knapsack on
-    XLA's figures (the outputs of the most FLOPs per byte first, each kept if XLA still
-    fits); then, since XLA's peak is not monotone in the kept set (packing), up to
+    Where the model misjudges a structure (parallel branches: it put keep-sets far under
+    XLA; docs/design.md, section 7), ranking by its peak measures the wrong ones. Measured
+    instead: each per-matmul segmentation keeping nothing; on the lowest that fits, a greedy
+    knapsack on XLA's figures (the outputs of the most FLOPs per byte first, each kept if XLA
+    still fits); then, since XLA's peak is not monotone in the kept set (packing), up to
     :data:`SECOND_LOOK` keep-sets the model puts cheaper, on any segmentation that fits
     keeping nothing, the cheapest first, unless its peak, corrected by the model's least
     error on the keep-sets measured, is over by more than :data:`SECOND_LOOK_SLACK`.

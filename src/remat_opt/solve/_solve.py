@@ -37,12 +37,11 @@ WHOLE_GRAPH_POSITIONS = 300
 """Above this many positions, a program of repeated blocks takes the block
 decomposition's plan without the whole-graph CP-SAT (``SolverOptions.whole_graph``
 left at ``None``). The whole-graph model proves optimality up to about two zoo
-GPT layers (~250 positions, ``experiments/results/solve_time.csv``); above
-that, started from the decomposition's plan, it did not improve it on the zoo
-GPT at 8 and 16 layers (``experiments/block_solve.py``), nor in the demo (8
-layers, d_model 128; jax 0.10.2, 2 shared cores) at 0.75 of the plain peak (the
-same plan, +0.23%, after 6 s of solving instead of 125 s) or at 0.5 (+1.92% in
-13 s over four measured attempts, against +2.79% in 98 s and one attempt)."""
+GPT layers (``experiments/results/solve_time.csv``); above that, started from
+the decomposition's plan, it did not improve it on the zoo GPT at 8 and 16
+layers (``experiments/block_solve.py``), nor in the demo, where it took longer
+for the same or a costlier plan (docs/measurements.md, "Solve time" and "The
+demo")."""
 
 
 @dataclass
@@ -323,14 +322,9 @@ def _saves_within_cuts(graph: ProgramGraph, budget_bytes: int, start: Schedule, 
 
     On large graphs the full model's search rarely gets far from its start
     in the time it has; this one, with a handful of cut candidates, gets
-    further. Measured with a share of 0.4 (jax 0.10.2, 2 cores): on the zoo
-    GPT's Pareto sweep (756 equations, deterministic limit 10) +9.80%
-    recompute at 30.32 MiB against +12.65% for the full model alone, +1.62%
-    against +1.92% at 41.90 MiB; but the ResNet at 2.86 MiB +17.23% against
-    +8.74%; in ``solve_time.py``'s 60 s runs (and 8 workers, against 2 and
-    one stage) the 2-layer GPT lost its proof of optimality and the 8-layer
-    ended 22% higher, the 4-layer 15% lower; solves take up to twice the
-    wall time. Hence off by default. Its bound holds for these
+    further on the large GPT at tight budgets, but worse elsewhere and
+    slower (docs/measurements.md, "The two-stage solve"). Hence off by
+    default. Its bound holds for these
     cuts only, so :func:`solve` reports the full model's. ``start`` if
     nothing cheaper is found.
     """
