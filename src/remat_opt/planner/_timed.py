@@ -9,7 +9,8 @@ user's code, and then goes between them:
 1. **Candidates.** The program as written; a checkpoint per layer
    (:func:`remat_opt.solve._layers.layers_of`) under each built-in policy in
    :data:`LADDER`; for a program whose layers are a ``lax.scan``, the same
-   policies on the scan body (:class:`remat_opt.rewrite._loops.LoopPlan`).
+   policies on the scan body (:class:`remat_opt.rewrite._loops.LoopPlan`), and
+   each name recipe (MaxText's) on the ``checkpoint_name``s the body carries.
 2. **Measure.** Each is compiled (in parallel) for XLA's peak; one that XLA
    cannot fit into the device does not fit. If the per-layer checkpoint that
    saves nothing lowers the peak of the program as written by little, the
