@@ -65,8 +65,9 @@ def optimize(
             XLA would rebuild in every reader from its operands (a residual
             stream) a reader XLA cannot fuse, so it computes the value once
             and frees the operands (:mod:`remat_opt.memory._once`). Same values and
-            gradients, and lower or equal peaks on the zoo's plans
-            (docs/measurements.md, "Stored values computed once"). ``False``
+            gradients; on the zoo's plans that save names, lower peaks or
+            within a rounding of them (docs/measurements.md, "Stored values
+            computed once"). ``False``
             leaves XLA to duplicate them as it likes.
         xla_facts: compile the program as written once more, with XLA's
             dump on, and read what the memory model takes from XLA
