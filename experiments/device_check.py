@@ -23,7 +23,8 @@ largest values in each, go to ``<out>/device_check_buffers.txt`` (from the compi
 buffer-assignment dump): where a prediction and XLA's peak part, what XLA holds.
 
 Rows go to ``<out>/device_check.csv`` after every program, stamped with the
-jax version, the machine and the device kind. No program is started after
+jax version, the machine and the device kind (with ``--label L``, the files are
+``device_check_L.csv`` and ``device_check_L_buffers.txt``). No program is started after
 ``--deadline-s`` seconds, so a run fits a device lease; the rows written so
 far stay. Nothing here is tuned: the fractions and programs were fixed before
 the first run on a GPU.
@@ -189,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--buffers", action="store_true",
                         help="also write XLA's largest allocations per step to <out>/device_check_buffers.txt")
     parser.add_argument("--out", type=Path, default=RESULTS)
-    parser.add_argument("--label", default="")
+    parser.add_argument("--label", default="", help="the device's name, in the rows and the output's file name")
     args = parser.parse_args(argv)
     unknown = [n for n in args.programs if n not in PROGRAMS]
     if unknown:
@@ -198,8 +199,9 @@ def main(argv: list[str] | None = None) -> int:
     header = (f"{stamp()}; device {device.platform} {device.device_kind} x{jax.device_count()}\n{source()}\n"
               f"reproduce: {command()}\nlabel: {args.label}; solver: {SOLVER}")
     print(header, flush=True)
-    path = args.out / "device_check.csv"
-    buffers = args.out / "device_check_buffers.txt" if args.buffers else None
+    name = f"device_check_{args.label}" if args.label else "device_check"
+    path = args.out / f"{name}.csv"
+    buffers = args.out / f"{name}_buffers.txt" if args.buffers else None
     if buffers is not None:
         buffers.parent.mkdir(parents=True, exist_ok=True)
         buffers.write_text(f"{header}\n\n")

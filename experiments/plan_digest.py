@@ -14,6 +14,7 @@ cache's path, :mod:`remat_opt.cache._restore`).
 
 from __future__ import annotations
 
+import argparse
 import atexit
 import hashlib
 import json
@@ -64,8 +65,11 @@ def plans(loss, budget: int, args: tuple, folder: str | None) -> list[dict]:
     return found
 
 
-def main() -> int:
-    folder = tempfile.mkdtemp(prefix="plan_digest_") if "--cache" in sys.argv[1:] else None
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cache", action="store_true",
+                        help="plan with the plan cache on, then load each plan back and print it too")
+    folder = tempfile.mkdtemp(prefix="plan_digest_") if parser.parse_args(argv).cache else None
     if folder is not None:
         atexit.register(shutil.rmtree, folder, True)
     lines = []
