@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import importlib
 import logging
 import statistics
 import sys
@@ -53,6 +52,7 @@ from remat_opt.zoo.gpt import scan_loss, stack_layers
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, command, stamp, write_csv  # noqa: E402
+import heldout_scan_programs  # noqa: E402
 from heldout_scan_programs import Sizes  # noqa: E402
 
 POLICIES = ("nothing_saveable", "dots_with_no_batch_dims_saveable", "dots_saveable")
@@ -90,7 +90,7 @@ def library_scan(factory: str, sizes: Any) -> Build:
     its library's users write it, with the library's own remat of the layer under each built-in
     policy and each MaxText recipe."""
     def build():
-        make = getattr(importlib.import_module("heldout_scan_programs"), factory)
+        make = getattr(heldout_scan_programs, factory)
         menu = {f"layer/{p}": make(sizes, p).loss for p in POLICIES}
         menu |= {f"maxtext/{r}": make(sizes, r).loss for r in MAXTEXT}
         program = make(sizes)

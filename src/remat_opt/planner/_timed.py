@@ -254,10 +254,10 @@ class _Search:
         peaks = {str(p): c.peak_bytes for p, c in uniform.items()}
         scale = _xla_bytes_per_model_byte(_dot_bytes(graph, self.layers.spans()), peaks, least.peak_bytes)
         allowance = (self.call.budget - least.peak_bytes) / scale
-        caps = [int(share * allowance) for share in CAP_SHARES]
+        caps = _caps(allowance)
         out: list[Candidate] = []
         seen: set[frozenset[int]] = set()
-        for cap, saved in zip(caps, layer_saves(graph, self.layers, caps) if allowance > 0 else []):
+        for cap, saved in zip(caps, layer_saves(graph, self.layers, caps) if caps else []):
             if not saved or saved in seen:
                 continue
             seen.add(saved)
@@ -285,7 +285,7 @@ class _Search:
         allowance = (self.call.budget - least) / (_xla_bytes_per_model_byte(model, peaks, least) * body.length)
         out: list[Candidate] = []
         seen: set[tuple[str, ...]] = set()
-        for cap in [int(share * allowance) for share in CAP_SHARES] if allowance > 0 else []:
+        for cap in _caps(allowance):
             saved = choose_saved(graph, cap, BODY_SOLVER).saved
             if saved and saved not in seen:
                 seen.add(saved)
@@ -352,6 +352,12 @@ class _Search:
         if self._inputs is None:
             self._inputs = example_arguments(compiled.step_args)
         return self._inputs
+
+
+def _caps(allowance: float) -> list[int]:
+    """The bytes to choose saved values in: each share of :data:`CAP_SHARES` of ``allowance``
+    (none when the budget leaves nothing)."""
+    return [int(share * allowance) for share in CAP_SHARES] if allowance > 0 else []
 
 
 def time_graph(traced: TracedProgram) -> ProgramGraph:
