@@ -5,6 +5,7 @@ import re
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from experiment_scripts import read_rows, run_script
 
 import remat_opt
@@ -165,6 +166,7 @@ def test_optimize_plans_a_deep_chain_through_its_blocks(monkeypatch):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7 * float(jnp.abs(b).max()))
 
 
+@pytest.mark.scripts
 def test_block_solve_experiment_runs(tmp_path):
     out = tmp_path / "block_solve.csv"
     table = run_script("block_solve.py", "--layers", "4", "--whole-max-layers", "0", "--milp-max-vars", "0",

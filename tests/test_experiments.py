@@ -7,6 +7,8 @@ import jax
 import pytest
 from experiment_scripts import EXPERIMENTS, read_rows, run_script
 
+pytestmark = pytest.mark.scripts  # runs an experiment script as a user would
+
 
 def test_deep_chain_quick(tmp_path):
     # A 16-layer chain: Chen, Revolve and remat_opt at remat_opt's lowest budget and each

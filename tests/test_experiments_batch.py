@@ -7,6 +7,9 @@ are measured independently of its solver.
 """
 
 from experiment_scripts import read_rows, run_script
+import pytest
+
+pytestmark = pytest.mark.scripts  # runs an experiment script as a user would
 
 
 def test_batch_size_quick(tmp_path):

@@ -5,6 +5,9 @@ XLA by many other tests, so this one runs the cheaper model only.
 """
 
 from experiment_scripts import read_rows, run_script
+import pytest
+
+pytestmark = pytest.mark.scripts  # runs an experiment script as a user would
 
 
 def test_pareto_and_fidelity_quick(tmp_path):

@@ -4,6 +4,8 @@ their own, so that the test workers can share the experiment scripts' minutes)."
 import pytest
 from experiment_scripts import read_rows, run_script
 
+pytestmark = pytest.mark.scripts  # runs an experiment script as a user would
+
 
 def test_scan_quick(tmp_path):
     # A 4-layer scan GPT: the hand-written checkpoints of the loop (as written, nothing_saveable,

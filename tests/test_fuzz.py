@@ -94,6 +94,7 @@ def test_the_gradient_check_takes_rounding_and_flags_a_wrong_entry():
     assert _grad_error({"w": want["w"], "x": want["x"] * 1.001}, want, "float32") > 1.0  # a whole leaf off
 
 
+@pytest.mark.scripts
 def test_experiment_script_runs_and_counts(tmp_path):
     from experiment_scripts import read_rows, run_script
 

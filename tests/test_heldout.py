@@ -58,6 +58,7 @@ def test_programs_are_fixed():
     assert len([n for n in PROGRAMS if n.startswith("random")]) >= 8
 
 
+@pytest.mark.scripts
 def test_heldout_quick(tmp_path):
     out = run_script("heldout.py", "--quick", "--programs", QUICK_PROGRAM, "--label", "test", "--out", str(tmp_path))
     assert "within 5%" in out and "reproduce: python" in out
@@ -78,6 +79,7 @@ def test_heldout_quick(tmp_path):
         assert 0 <= float(r["recompute_fraction"]) < 1
 
 
+@pytest.mark.scripts
 def test_device_check_runs_on_the_backend_at_hand(tmp_path):
     # experiments/device_check.py is run where a GPU is lent, rarely: kept from rotting here, on the CPU.
     out = run_script("device_check.py", "--programs", "zoo_mlp", "--fractions", "0.8", "--schedules",

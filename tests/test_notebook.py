@@ -33,6 +33,7 @@ def _text(nb) -> str:
 # jupyter_client's and nbclient's deprecation notices are ignored in pyproject.toml;
 # jupyter_core's (its platformdirs migration) is not ours to fix either. Anything else errors.
 @pytest.mark.filterwarnings("ignore::DeprecationWarning:jupyter_core.*")
+@pytest.mark.scripts
 def test_quickstart_notebook_runs_and_fits(tmp_path):
     path = tmp_path / NOTEBOOK.name
     shutil.copy(NOTEBOOK, path)

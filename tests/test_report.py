@@ -168,6 +168,7 @@ def test_the_plot_draws_the_segments_against_budget_and_xla(plan, tmp_path):
         dataclasses.replace(plan, segment_peaks=()).plot()
 
 
+@pytest.mark.scripts
 def test_the_plan_report_script(tmp_path):
     # experiments/plan_report.py on the zoo MLP (the GPT takes minutes): report, plot, DOT, and a
     # second process that loads the plan from the cache in a tenth of the first plan() or less.

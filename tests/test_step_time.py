@@ -131,6 +131,7 @@ def test_options_of_the_step_time_search_are_checked():
             remat_opt.optimize(residual_mlp, "device")
 
 
+@pytest.mark.scripts
 def test_the_step_time_table_runs_where_it_is(tmp_path):
     # experiments/step_time.py, as on the TPU, on a CPU-sized GPT: every plan it returns fits its budget
     # and has the plain program's gradients.
