@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -265,6 +266,10 @@ class Plan:
                 f"{format_bytes(self.collective_bytes)} per device on XLA (plain "
                 f"{format_bytes(self.plain_collective_bytes or 0)}), {format_bytes(again)} of them repeated by plan")
         return head + "".join(f"\n  {c}" for c in self.collectives)
+
+
+Planned = tuple[Plan, Callable[..., Any]]
+"""A plan and the rewritten function that runs it."""
 
 
 def annotate(graph: ProgramGraph, sim: Simulation) -> nx.DiGraph:

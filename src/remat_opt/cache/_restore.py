@@ -38,7 +38,7 @@ from ._cache import (
 )
 from ._call import Call
 from .._errors import InfeasibleBudgetError
-from .._plan import Plan, annotate, measured_flops_of
+from .._plan import Plan, Planned, annotate, measured_flops_of
 from .._schedule import Schedule, Simulation
 from ..memory._facts import unknown_of
 from ..memory._measure import gradient_flops
@@ -52,9 +52,6 @@ from ..rewrite._apply import apply_schedule
 from ..rewrite._layers import layer_program
 from ..rewrite._loops import loop_program
 from ..rewrite._policies import policy_program
-
-
-Planned = tuple[Plan, Callable[..., Any]]
 
 
 def restored(call: Call, entry: dict) -> Planned:

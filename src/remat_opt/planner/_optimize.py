@@ -37,13 +37,13 @@ from ..cache._lowest import recall, remember
 from ._mesh import laid_out, measurer, per_device_error, sharded_twin, with_collectives
 from . import _progress as progress
 from .._options import PlanOptions
-from .._plan import Plan, annotate, measured_flops_of, measured_peak_of
+from .._plan import Plan, Planned, annotate, measured_flops_of, measured_peak_of
 from ._policy_planning import (PolicyCandidate, counted_policies, measured_policies, unmeasured_policies,
                                within_reach)
 from ..cache._restore import cached_or_new_plan
 from ._refusal import nothing_fits
 from .._schedule import Schedule, Simulation
-from ._search_state import Measure, Modelled, Outcome, Planned, Search
+from ._search_state import Measure, Modelled, Outcome, Search
 from ._steering import Steering, steered_plan
 from ._timed import TimedCall, timed_plan
 from ._layer_policies import cheapest_fitting, counted_layer_policies

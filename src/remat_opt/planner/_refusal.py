@@ -15,8 +15,8 @@ from ..cache._cache import cache_directory, qualified_name
 from .._errors import InfeasibleBudgetError
 from ._loop_planning import LoopCandidate
 from ..cache._lowest import lowest_kept, remember
-from .._plan import measured_peak_of
-from ._search_state import Planned, Search
+from .._plan import Planned, measured_peak_of
+from ._search_state import Search
 
 
 def nothing_fits(run: Search, fn: Callable[..., Any], infeasible: InfeasibleBudgetError,

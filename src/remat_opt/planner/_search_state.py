@@ -10,11 +10,9 @@ from collections.abc import Callable
 from typing import Any
 
 from ..cache._call import Call
-from .._plan import Plan
 from ..program._graph import ProgramGraph
 from ..program._trace import TracedProgram
 
-Planned = tuple[Plan, Callable[..., Any]]
 Measure = Callable[[Callable[..., Any]], int]
 
 

@@ -31,7 +31,7 @@ from typing import Any
 from . import _progress as progress
 from .._budget import format_bytes
 from .._errors import InfeasibleBudgetError
-from .._plan import Plan, measured_flops_of
+from .._plan import Planned, measured_flops_of
 from .._schedule import Schedule, Simulation
 from ..memory._simulate import simulate
 from ..program._graph import ProgramGraph
@@ -39,9 +39,6 @@ from ..solve._solve import Solution, SolverClock, SolverOptions, low_memory_sche
 from ._search_state import Outcome
 
 logger = logging.getLogger("remat_opt")
-
-Planned = tuple[Plan, Callable[..., Any]]
-"""A plan and the rewritten function that runs it."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,11 +19,10 @@ from typing import Any
 
 from . import _progress as progress
 from .._budget import format_bytes
-from .._plan import Plan, measured_peak_of
+from .._plan import Planned, measured_peak_of
 
 logger = logging.getLogger("remat_opt")
 
-Planned = tuple[Plan, Callable[..., Any]]
 
 
 def verified(planned: Planned, verify: Callable[[Callable[..., Any]], int], budget: int,
