@@ -17,7 +17,6 @@ argument + output bytes, and a budget at or above it is never refused here.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -25,6 +24,7 @@ from jax.extend import core
 
 from .._budget import format_bytes
 from .._errors import InfeasibleBudgetError
+from ..cache._call import Call
 from ..memory._measure import traced_step
 from ..memory._sharded import is_sharded
 
@@ -69,13 +69,13 @@ def floor_of(jaxpr: core.Jaxpr) -> Floor:
     return Floor(sum(_bytes(v) for v in jaxpr.invars if v in needed), sum(_bytes(v) for v in outputs))
 
 
-def floor_refusal(fn: Callable[..., Any], args: tuple, kwargs: dict, argnums: Any, has_aux: bool,
-                  budget: int) -> InfeasibleBudgetError | None:
-    """The error for a ``budget`` under the arguments and outputs of ``fn``'s gradient
-    step, else ``None``. Not judged on a mesh (there the budget is one device's)."""
-    if is_sharded(args, kwargs):
+def floor_refusal(call: Call) -> InfeasibleBudgetError | None:
+    """The error for ``call``'s budget where it is under the arguments and outputs of its
+    gradient step, else ``None``. Not judged on a mesh (there the budget is one device's)."""
+    if is_sharded(call.args, call.kwargs):
         return None
-    floor = floor_of(traced_step(fn, args, kwargs, argnums, has_aux).jaxpr.jaxpr)
+    floor = floor_of(traced_step(call.fn, call.args, call.kwargs, call.nums, call.has_aux).jaxpr.jaxpr)
+    budget = call.budget
     if budget >= floor.total:
         return None
     detail = (f"(Arguments read: {format_bytes(floor.arguments)}; outputs computed: "

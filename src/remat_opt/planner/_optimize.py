@@ -69,7 +69,7 @@ e.g. ``logging.basicConfig(level=logging.INFO)``."""
 def _refuse_under_floor(call: Call) -> None:
     """Raises the floor's refusal where ``call``'s budget is under its step's arguments and
     outputs: no search can help (:mod:`remat_opt.planner._floor`)."""
-    refused = floor_refusal(call.fn, call.args, call.kwargs, call.nums, call.has_aux, call.budget)
+    refused = floor_refusal(call)
     if refused is not None:
         raise refused
 
