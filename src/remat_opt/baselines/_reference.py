@@ -9,6 +9,8 @@ peak, the gradient's FLOPs, the calibrated program graph), and turned into the
 
 from __future__ import annotations
 
+import os
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
@@ -19,7 +21,7 @@ import networkx as nx
 from .._budget import parse_bytes
 from ..program._cost import CostModel
 from ..program._graph import ProgramGraph
-from ..memory._measure import StepCall, abstract, gradient_flops, peak_bytes
+from ..memory._measure import StepCall, abstract, gradient_flops, peak_bytes, signature
 from ..memory._pipeline import ModelOptions, program_model
 from ..memory._calibrate import calibrate
 from ..memory._simulate import simulate
@@ -108,21 +110,31 @@ def reference(call: BaselineCall, xla_facts: bool = True) -> Reference:
     args, kwargs = abstract(tuple(call.args)), abstract(dict(call.kwargs))
     nums_t = normalize_argnums(call.argnums, len(args))
     nums = grad_argnums(nums_t)
-    plain_peak = peak_bytes(fn, *args, argnums=nums, **kwargs)
-    # fn as written, whole arrays' bytes (memory._pipeline), calibrated on its peak.
-    model = program_model(StepCall(fn, args, kwargs, nums), ModelOptions(cost_model, xla_facts=xla_facts))
-    graph = calibrate(model.graph, plain_peak)
-    return Reference(
-        fn=fn,
-        args=args,
-        kwargs=kwargs,
-        nums=nums,
-        budget_bytes=budget,
-        cost_model=cost_model,
-        graph=graph,
-        plain_peak_bytes=plain_peak,
-        baseline_flops=gradient_flops(fn, args, kwargs, nums, cost_model),
-    )
+    graph, plain_peak, flops = _plain_of(StepCall(fn, args, kwargs, nums), cost_model, xla_facts)
+    return Reference(fn=fn, args=args, kwargs=kwargs, nums=nums, budget_bytes=budget, cost_model=cost_model,
+                     graph=graph, plain_peak_bytes=plain_peak, baseline_flops=flops)
+
+
+_PLAIN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _plain_of(call: StepCall, cost_model: CostModel | None, xla_facts: bool) -> tuple[ProgramGraph, int, int]:
+    """The plain program of ``call``: its calibrated graph, XLA's peak and the gradient's FLOPs.
+    Measured once per function, signature and options in a process, so that the baselines of
+    one call (each is its own public function) compile the plain step once."""
+    key = (signature(call.args, call.kwargs), repr(call.argnums), repr(cost_model), xla_facts,
+           jax.default_backend(), os.environ.get("XLA_FLAGS", ""))
+    try:
+        memo = _PLAIN.setdefault(call.fn, {})
+    except TypeError:  # a function that cannot be weakly referenced: measured every time
+        memo = {}
+    if key not in memo:
+        plain_peak = peak_bytes(call.fn, *call.args, argnums=call.argnums, **call.kwargs)
+        # fn as written, whole arrays' bytes (memory._pipeline), calibrated on its peak.
+        model = program_model(call, ModelOptions(cost_model, xla_facts=xla_facts))
+        flops = gradient_flops(call.fn, call.args, call.kwargs, call.argnums, cost_model)
+        memo[key] = (calibrate(model.graph, plain_peak), plain_peak, flops)
+    return memo[key]
 
 
 def bare_graph(graph: ProgramGraph) -> nx.DiGraph:
