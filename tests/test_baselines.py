@@ -237,3 +237,34 @@ def test_stored_activations_smaller_than_a_weight_sit_in_its_gradient_buffer():
     assert abs(error) <= 0.05, str(plan)
     graph = calibrate(model_graph(trace(spec.loss, (params, batch), {}, (0,))), peak_bytes(spec.loss, params, batch))
     assert simulate(graph, plan.schedule, planning=True).peak_bytes > 1.08 * plan.measured_peak_bytes
+
+
+def test_the_baselines_of_one_call_measure_its_plain_program_once(monkeypatch):
+    import remat_opt.baselines._reference as reference_module
+
+    compiled = []
+    counting = lambda fn, *a, **k: compiled.append(fn) or peak_bytes(fn, *a, **k)  # noqa: E731
+    monkeypatch.setattr(reference_module, "peak_bytes", counting)
+
+    def loss(w, x):
+        return jnp.sum(jnp.tanh(jnp.tanh(x @ w) @ w))
+
+    w, x = jnp.ones((16, 16)), jnp.ones((8, 16))
+    first = remat_opt.no_remat(BaselineCall(loss, (w, x), budget_bytes=BUDGET))
+    second = remat_opt.no_remat(BaselineCall(loss, (w, x), budget_bytes=BUDGET // 2))
+    assert compiled.count(loss) == 1 and first.measured_peak_bytes == second.measured_peak_bytes
+    assert second.budget_bytes == BUDGET // 2  # the budget is the call's own, not the first's
+    # Other arguments, or another cost model, are another plain program.
+    remat_opt.no_remat(BaselineCall(loss, (w, jnp.ones((4, 16))), budget_bytes=BUDGET))
+    halved = remat_opt.no_remat(BaselineCall(loss, (w, x), budget_bytes=BUDGET,
+                                             cost_model=_HalfFlops()))
+    assert compiled.count(loss) == 3 and halved.baseline_flops * 2 == pytest.approx(first.baseline_flops, rel=0.01)
+
+
+class _HalfFlops:
+    """Half of the default FLOPs of every equation: another cost model, with other figures."""
+
+    def eqn_flops(self, eqn) -> int:
+        from remat_opt.program._cost import FlopCostModel
+
+        return FlopCostModel().eqn_flops(eqn) // 2

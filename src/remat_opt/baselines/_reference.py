@@ -122,11 +122,12 @@ def _plain_of(call: StepCall, cost_model: CostModel | None, xla_facts: bool) -> 
     """The plain program of ``call``: its calibrated graph, XLA's peak and the gradient's FLOPs.
     Measured once per function, signature and options in a process, so that the baselines of
     one call (each is its own public function) compile the plain step once."""
-    key = (signature(call.args, call.kwargs), repr(call.argnums), repr(cost_model), xla_facts,
+    key = (signature(call.args, call.kwargs), repr(call.argnums), cost_model, xla_facts,
            jax.default_backend(), os.environ.get("XLA_FLAGS", ""))
     try:
+        hash(cost_model)
         memo = _PLAIN.setdefault(call.fn, {})
-    except TypeError:  # a function that cannot be weakly referenced: measured every time
+    except TypeError:  # an unhashable cost model, or a function that cannot be weakly referenced
         memo = {}
     if key not in memo:
         plain_peak = peak_bytes(call.fn, *call.args, argnums=call.argnums, **call.kwargs)
