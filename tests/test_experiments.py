@@ -7,9 +7,8 @@ import jax
 import pytest
 from experiment_scripts import EXPERIMENTS, read_rows, run_script
 
-pytestmark = pytest.mark.scripts  # runs an experiment script as a user would
 
-
+@pytest.mark.scripts
 def test_deep_chain_quick(tmp_path):
     # A 16-layer chain: Chen, Revolve and remat_opt at remat_opt's lowest budget and each
     # baseline's peak; the script exits non-zero if remat_opt misses a budget or loses.
@@ -20,6 +19,7 @@ def test_deep_chain_quick(tmp_path):
     assert strategies == {"chen_sqrt_n", "chen_greedy", "revolve", "remat_opt"}
 
 
+@pytest.mark.scripts
 def test_loop_fidelity_quick(tmp_path):
     out = run_script("loop_fidelity.py", "--quick", "--out", str(tmp_path))
     assert "reproduce: python" in out
@@ -67,6 +67,7 @@ def test_regression_zoo_schedule_fidelity_on_the_rows_the_rules_were_tuned_on():
     assert f"all     {inside}/{len(errors)} within 5%" in schedule_fidelity.summary(checked)
 
 
+@pytest.mark.scripts
 def test_relaxed_bound_quick(tmp_path):
     # The 4-layer GPT's full model with the budget at some segment ends only: each relaxation's
     # bound is a bound of the full model, so never above the block decomposition's plan (a
@@ -79,6 +80,7 @@ def test_relaxed_bound_quick(tmp_path):
     assert all(0 < int(r["bound"]) <= int(r["best_bound"]) <= int(r["decomposition_recompute"]) for r in rows)
 
 
+@pytest.mark.scripts
 def test_call_feedback_quick(tmp_path):
     # One optimize call on a development random DAG that measures candidates before its plan (jax 0.10.2 and 0.12.1):
     # the planner's log names each candidate's measured and predicted peak, and the script reads

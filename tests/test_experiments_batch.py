@@ -6,8 +6,8 @@ is checked here against the baselines' (no_remat and Chen's sqrt(n)), which
 are measured independently of its solver.
 """
 
-from experiment_scripts import read_rows, run_script
 import pytest
+from experiment_scripts import read_rows, run_script
 
 pytestmark = pytest.mark.scripts  # runs an experiment script as a user would
 

@@ -4,8 +4,8 @@ The script's path is the same for every model; the GPT's plans are checked on
 XLA by many other tests, so this one runs the cheaper model only.
 """
 
-from experiment_scripts import read_rows, run_script
 import pytest
+from experiment_scripts import read_rows, run_script
 
 pytestmark = pytest.mark.scripts  # runs an experiment script as a user would
 
