@@ -106,13 +106,11 @@ def entry(name: str) -> str:
     if isinstance(obj, dict):  # a table: its keys are the reference
         return f"### `{name}`\n\nA dict; its keys: " + ", ".join(f"`{k}`" for k in obj) + "."
     kind = "class" if inspect.isclass(obj) else "function"
-    signature = signature_of(obj)
-    if inspect.isclass(obj) and issubclass(obj, BaseException):
-        bases = ", ".join(b.__name__ for b in obj.__bases__)
-        signature = f"({bases})"
-    doc = inspect.getdoc(obj) or ""
-    text = f"### `{name}`\n\n{kind} `{name}{signature}`\n\n{markdown(doc)}"
-    if inspect.isclass(obj) and not issubclass(obj, BaseException):
+    error = inspect.isclass(obj) and issubclass(obj, BaseException)
+    # An error is shown by what it derives from; its constructor is not how a user meets it.
+    signature = f"({', '.join(b.__name__ for b in obj.__bases__)})" if error else signature_of(obj)
+    text = f"### `{name}`\n\n{kind} `{name}{signature}`\n\n{markdown(inspect.getdoc(obj) or '')}"
+    if inspect.isclass(obj) and not error:
         text += "".join(f"\n\n{member}" for member in members(obj))
     return text
 

@@ -19,9 +19,10 @@ import jax
 import networkx as nx
 
 from .._budget import parse_bytes
+from .._jax_private import trace_context
 from ..program._cost import CostModel
 from ..program._graph import ProgramGraph
-from ..memory._measure import StepCall, abstract, gradient_flops, peak_bytes, signature
+from ..memory._measure import StepCall, abstract, gradient_flops, peak_bytes, per_function, signature
 from ..memory._pipeline import ModelOptions, program_model
 from ..memory._calibrate import calibrate
 from ..memory._simulate import simulate
@@ -120,14 +121,14 @@ _PLAIN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 def _plain_of(call: StepCall, cost_model: CostModel | None, xla_facts: bool) -> tuple[ProgramGraph, int, int]:
     """The plain program of ``call``: its calibrated graph, XLA's peak and the gradient's FLOPs.
-    Measured once per function, signature and options in a process, so that the baselines of
-    one call (each is its own public function) compile the plain step once."""
-    key = (signature(call.args, call.kwargs), repr(call.argnums), cost_model, xla_facts,
+    Measured once per function, signature, options and JAX configuration in a process, so that
+    the baselines of one call (each is its own public function) compile the plain step once."""
+    key = (signature(call.args, call.kwargs), repr(call.argnums), cost_model, xla_facts, trace_context(),
            jax.default_backend(), os.environ.get("XLA_FLAGS", ""))
     try:
         hash(cost_model)
-        memo = _PLAIN.setdefault(call.fn, {})
-    except TypeError:  # an unhashable cost model, or a function that cannot be weakly referenced
+        memo = per_function(_PLAIN, call.fn)
+    except TypeError:  # an unhashable cost model: measured every time
         memo = {}
     if key not in memo:
         plain_peak = peak_bytes(call.fn, *call.args, argnums=call.argnums, **call.kwargs)

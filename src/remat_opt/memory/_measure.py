@@ -122,6 +122,15 @@ def gradient_step(
     return jax.value_and_grad(step, has_aux=has_aux), picked, {}
 
 
+def per_function(store: weakref.WeakKeyDictionary, fn: Callable[..., Any]) -> dict:
+    """``store``'s dict for ``fn``, kept while ``fn`` lives; a fresh one on every call for a
+    function that cannot be weakly referenced (then nothing is kept)."""
+    try:
+        return store.setdefault(fn, {})
+    except TypeError:
+        return {}
+
+
 _traces: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 """Per function, its gradient steps traced, by ``argnums``, ``has_aux`` and argument signature."""
 
@@ -139,10 +148,7 @@ def traced_step(fn: Callable[..., Any], args: tuple, kwargs: dict, argnums: int 
     """
     context = trace_context()
     key = (context, repr(argnums), has_aux, signature(args, kwargs))
-    try:
-        per_fn = _traces.setdefault(fn, {})
-    except TypeError:  # not weakly referenceable: traced each time
-        per_fn = {}
+    per_fn = per_function(_traces, fn)
     if key not in per_fn:
         step, step_args, step_kwargs = gradient_step(fn, args, kwargs, argnums, has_aux)
         per_fn[key] = jax.jit(step).trace(*abstract(step_args), **abstract(step_kwargs))

@@ -63,7 +63,7 @@ from .._options import device_memory
 from .._plan import Plan, Timed, annotate
 from .._schedule import Schedule
 from ..memory._facts import model_graph
-from ..memory._measure import gradient_flops, signature
+from ..memory._measure import gradient_flops, per_function, signature
 from ..memory._simulate import simulate
 from ..memory._timing import Compiled, compile_steps, device_ridge, example_arguments, step_seconds
 from ..program._cost import CostModel
@@ -395,11 +395,7 @@ def _per_call(store: weakref.WeakKeyDictionary, call: TimedCall) -> dict:
     """``store``'s dict for ``call.fn`` on these arguments (a fresh one each time for a function
     that cannot be weakly referenced). Kept while the function lives."""
     key = (signature(call.args, call.kwargs), repr(call.nums), call.has_aux, call.repeats, jax.default_backend())
-    try:
-        per_fn = store.setdefault(call.fn, {})
-    except TypeError:
-        return {}
-    return per_fn.setdefault(key, {})
+    return per_function(store, call.fn).setdefault(key, {})
 
 
 def _measured(call: TimedCall) -> dict[str, tuple[Compiled, float | None, Candidate]]:
