@@ -18,7 +18,7 @@ from known_programs import (Dot, KeepSet, KnownProgram, answers, best_fitting, c
 from remat_opt.cache import _front
 from remat_opt.memory._measure import gradient_flops
 from remat_opt.rewrite._apply import apply_schedule
-from remat_opt.solve._keep_sets import keep_set_schedules
+from remat_opt.solve._keep_sets import keep_set_schedules, measured_keep_set
 
 
 def measured(program, kept_sets) -> list[KeepSet]:
@@ -142,3 +142,20 @@ def test_the_sweep_reads_its_committed_results():
 
     assert run.stdout.startswith("all: ")
     assert all(float(e) < 1e-4 for e in re.findall(r"largest gradient error ([0-9.e+-]+),", run.stdout))
+
+
+def test_measured_keep_set_descends_when_keeping_nothing_is_over_the_budget():
+    """XLA's peak is not monotone in the kept set: where every segmentation keeping nothing
+    is over the budget, keeping an output can bring it under, and the search finds that."""
+    program = chain((4, 4, 4), ks=(4, 4, 4))
+    graph = graph_of(program)
+    first, second, third = sorted(keep_set_schedules(graph)[-1].saved)  # the three matmul outputs, in order
+
+    def measure(schedule: remat_opt.Schedule) -> int:  # keeping the first output lowers the peak; the rest raise it
+        kept = set(schedule.saved)
+        return 1000 - 100 * (first in kept) + 60 * len(kept - {first})
+
+    found = measured_keep_set(graph, 950, measure)
+    assert found is not None
+    assert found == (remat_opt.Schedule(cuts=found[0].cuts, saved=frozenset({first})), 900)
+    assert measured_keep_set(graph, 850, measure) is None  # and nothing else fits under what it measured

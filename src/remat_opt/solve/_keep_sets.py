@@ -94,35 +94,40 @@ def measured_keep_set(graph: ProgramGraph, budget: int, measure: Callable[[Sched
 
     Where the model misjudges a structure (parallel branches: it put keep-sets far under
     XLA; docs/design.md, section 7), ranking by its peak measures the wrong ones. Measured
-    instead: each per-matmul segmentation keeping nothing; on the lowest that fits, a greedy
-    knapsack on XLA's figures (the outputs of the most FLOPs per byte first, each kept if XLA
-    still fits); then, since XLA's peak is not monotone in the kept set (packing), up to
-    :data:`SECOND_LOOK` keep-sets the model puts cheaper, on any segmentation that fits
-    keeping nothing, the cheapest first, unless its peak, corrected by the model's least
-    error on the keep-sets measured, is over by more than :data:`SECOND_LOOK_SLACK`.
+    instead: each per-matmul segmentation keeping nothing; on the lowest, a greedy knapsack
+    on XLA's figures (the outputs of the most FLOPs per byte first, each kept if XLA still
+    fits; until one fits, each kept if it lowers XLA's peak, which keeping an output can:
+    XLA's peak is not monotone in the kept set); then up to :data:`SECOND_LOOK` keep-sets
+    the model puts cheaper, on any segmentation that fits keeping nothing (or the lowest),
+    the cheapest first, unless its peak, corrected by the model's least error on the
+    keep-sets measured, is over by more than :data:`SECOND_LOOK_SLACK`.
     At most ``4 + ALL_SUBSETS + SECOND_LOOK`` compiles.
     """
     dots = _dots(graph)
     if not 2 <= len(dots) <= ALL_SUBSETS:
         return None
-    bare = [(measure(Schedule(cuts=cuts)), sorted(cuts), cuts) for cuts in per_matmul_cuts(graph, [p for p, _ in dots])]
-    fitting = sorted(b for b in bare if b[0] <= budget)
-    if not fitting:
-        return None
-    errors = {cuts: [peak - simulate(graph, Schedule(cuts=cuts)).peak_bytes] for peak, _, cuts in fitting}
-    peak, _, cuts = fitting[0]
-    best = (Schedule(cuts=cuts), peak)
+    bare = sorted((measure(Schedule(cuts=cuts)), sorted(cuts), cuts)
+                  for cuts in per_matmul_cuts(graph, [p for p, _ in dots]))
+    # The lowest, and every other that fits: keeping an output can lower XLA's peak below keeping none.
+    looked = [b for b in bare if b is bare[0] or b[0] <= budget]
+    errors = {cuts: [peak - simulate(graph, Schedule(cuts=cuts)).peak_bytes] for peak, _, cuts in looked}
+    peak, _, cuts = bare[0]
+    best = (Schedule(cuts=cuts), peak) if peak <= budget else None
+    chosen: frozenset[int] = frozenset()  # the greedy's set, and XLA's peak of it
+    chosen_peak = peak
     items = sorted((v for _, v in dots), key=lambda v: (-_dot_flops(graph, v) / max(1, graph.node_bytes[v]),
                                                           -graph.node_bytes[v], v))
     measured = {Schedule(cuts=c) for _, _, c in bare}
     for v in items:
-        trial = Schedule(cuts=cuts, saved=best[0].saved | {v})
+        trial = Schedule(cuts=cuts, saved=chosen | {v})
         peak = measure(trial)
         measured.add(trial)
         errors[cuts].append(peak - simulate(graph, trial).peak_bytes)
         if peak <= budget:
             best = (trial, peak)
-    # The second look: on every segmentation that fits keeping nothing.
+        if peak <= budget or (best is None and peak < chosen_peak):
+            chosen, chosen_peak = trial.saved, peak
+    # The second look: on every segmentation that fits keeping nothing, and the lowest.
     names = [v for _, v in dots]
     ranked = []
     for cuts in errors:
@@ -133,10 +138,10 @@ def measured_keep_set(graph: ProgramGraph, budget: int, measure: Callable[[Sched
                     sim = simulate(graph, s)
                     ranked.append((sim.recompute_flops, len(kept), sorted(cuts), sorted(kept), sim.peak_bytes, s))
     least = min(e for es in errors.values() for e in es)  # the model's most generous error here
-    ceiling = simulate(graph, best[0]).recompute_flops
+    ceiling = simulate(graph, best[0]).recompute_flops if best is not None else None
     looks = SECOND_LOOK
     for flops, *_, predicted, s in sorted(ranked, key=lambda r: r[:4]):
-        if looks == 0 or flops >= ceiling:
+        if looks == 0 or (ceiling is not None and flops >= ceiling):
             break
         if predicted + least > budget * (1 + SECOND_LOOK_SLACK):
             continue
