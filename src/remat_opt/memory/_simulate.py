@@ -37,7 +37,9 @@ The peak during the backward of segment J is
   + cotangents crossing J's end boundary
   + the largest transient of J             (one cotangent and one operand in flight)
 
-and the plan's peak is the largest over segments. A program without remat
+and the plan's peak is the largest over segments and, in the prediction of a
+flat plan, over its forward too, where parallel branches' values wait side by
+side (:mod:`remat_opt.memory._forward`). A program without remat
 (``plain``) stores every residual and recomputes nothing.
 
 The last segment is always plain: its backward runs right after its forward,
@@ -64,7 +66,8 @@ assignment is global and also places temporaries the model does not list
 error on the zoo's measured schedules, ``experiments/schedule_fidelity.py``:
 docs/measurements.md, "The schedule set"). A cut just before an
 elementwise op whose input then crosses costs one activation more than
-modelled. The model has no forward peak, where XLA can peak: its fusions
+modelled. The forward is counted only as XLA:CPU's breadth-first order
+runs it (:mod:`remat_opt.memory._forward`), where XLA can peak higher: its fusions
 recompute a residual stream from the branch outputs added into it
 (``x0 + d1 + d2 + ...``) instead of reading the stream, so every branch
 output stays live until the last such fusion. Where XLA ends such a chain
@@ -100,6 +103,7 @@ import dataclasses
 import weakref
 
 from ._branch import live_per_segment
+from ._forward import forward_live_bytes
 from ._terms import (
     boundary_cotangent_bytes,
     kept_buffers,
@@ -223,8 +227,13 @@ def simulated(graph: ProgramGraph, schedule: Schedule, *, planning: bool = False
     rerun, rerun_flops = _rerun(graph, run.layout, copies, residual_as_written)
     flops = sum(graph.units[u].flops for u in recomputed & graph.primal) + rerun_flops
     peaks, partials_at_end = _segment_peaks(run, copies, recomputed, rerun)
+    base = graph.input_bytes + graph.output_bytes
+    peak = max(*peaks, base + partials_at_end)
+    if not planning and not schedule.plain and not schedule.nested:  # the prediction's forward (_forward)
+        primal_outputs = sum(b for b, out in zip(graph.node_bytes, graph.is_output) if out)  # no gradient yet
+        peak = max(peak, graph.input_bytes + primal_outputs + forward_live_bytes(graph, {graph.buffer[c[0]] for c in copies}))
     return Simulation(
-        peak_bytes=max(*peaks, graph.input_bytes + graph.output_bytes + partials_at_end),
+        peak_bytes=peak,
         recompute_flops=flops,
         recomputed_units=frozenset(recomputed | rerun),
         stored_nodes=frozenset(c[0] for c in copies),

@@ -1,0 +1,91 @@
+"""How XLA:CPU orders the forward: breadth-first, so parallel branches are live together.
+
+XLA:CPU's scheduler (``xla_cpu_enable_concurrency_optimized_scheduler``, on by
+default) runs an instruction as soon as its operands exist, in the order they
+came to exist. In a forward of independent branches (several matmuls of one
+input, each followed by its own elementwise work and loss term), it computes
+every branch's matmul before any branch's ``sin``, and the ``sin`` outputs
+before any reduction: each branch's intermediate values wait, live, while the
+others catch up, and the forward can peak above every segment's backward. Read
+off the schedule and buffer assignment of such plans (docs/measurements.md,
+"Keep-set plans: optimal where the answer is known"): at the peak of the
+keep-nothing plan, XLA holds one matmul output or ``sin`` output per branch.
+
+This module walks the forward in that order, one unit at a time (a unit's depth
+from the program's inputs, then program order), and counts the buffers live at
+each step: a value gets a buffer when its producer or a reader reads memory (a
+matmul, a reduction; cheap elementwise work fuses into its reader), lives from
+its producer to its last forward reader, and to the end of the forward when
+the schedule stores it for the backward. A chain's forward holds no more than
+its backward does; the count matters where the program branches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+from ..program._graph import ALIASING_PRIMITIVES, ProgramGraph
+from ._fusion import MATERIALIZING_CONSUMERS, REDUCTIONS
+
+READS_MEMORY = MATERIALIZING_CONSUMERS | REDUCTIONS
+"""Primitives XLA:CPU reads operands of from memory and writes a buffer for: their
+operands and outputs are materialized in the forward."""
+
+
+def forward_live_bytes(graph: ProgramGraph, stored: Collection[int]) -> int:
+    """The most bytes of forward values live at once, run breadth-first.
+
+    Args:
+        graph: the program graph.
+        stored: the nodes the schedule stores for the backward (live from where they
+            are computed to the end of the forward).
+
+    Returns:
+        Bytes of the buffers live together at the forward's busiest step (program
+        inputs and outputs not counted).
+    """
+    order = _breadth_first(graph)
+    step = {u: i for i, u in enumerate(order)}
+    allocated = [0] * (len(order) + 1)
+    freed = [0] * (len(order) + 1)
+    for u in order:
+        for v in graph.units[u].outputs:
+            if graph.is_output[v] or not graph.node_bytes[v]:
+                continue
+            readers = _readers(graph, v, step)
+            if v not in stored and graph.units[u].primitive not in READS_MEMORY and not any(
+                    graph.units[c].primitive in READS_MEMORY for c in readers):
+                continue  # fused into its readers
+            last = len(order) if v in stored else max((step[c] for c in readers), default=step[u])
+            allocated[step[u]] += graph.node_bytes[v]
+            freed[last] += graph.node_bytes[v]
+    live = most = 0
+    for here, gone in zip(allocated, freed):
+        live += here
+        most = max(most, live)
+        live -= gone
+    return most
+
+
+def _breadth_first(graph: ProgramGraph) -> list[int]:
+    """The forward's units (the user's values, not aliases) by depth from the inputs, then
+    program order: the order XLA:CPU's breadth-first scheduler runs them in."""
+    units = graph.units
+    depth: dict[int, int] = {}
+    for u in sorted(graph.primal | {u.index for u in units if u.name is not None}):
+        below = max((depth.get(graph.node_unit[w], 0) for w in units[u].inputs), default=0)
+        depth[u] = below if units[u].primitive in ALIASING_PRIMITIVES else below + 1
+    return sorted((u for u in depth if units[u].primitive not in ALIASING_PRIMITIVES), key=lambda u: (depth[u], u))
+
+
+def _readers(graph: ProgramGraph, node: int, step: dict[int, int]) -> list[int]:
+    """The forward units that read ``node``, through aliases (a ``name``, a reshape)."""
+    out: list[int] = []
+    stack = [node]
+    while stack:
+        for c in graph.consumers[stack.pop()]:
+            if c in step:
+                out.append(c)
+            elif graph.units[c].primitive in ALIASING_PRIMITIVES:
+                stack.extend(graph.units[c].outputs)
+    return out
