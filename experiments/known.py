@@ -86,7 +86,7 @@ def main() -> None:
         programs += 1
         for ans in found:
             rows.append({"seed": seed, "program": repr(program), "dots": len(program.dots), "plain_peak": plain,
-                         "budget": ans.budget, "peak": ans.peak, "fits": ans.fits,
+                         "budget": ans.budget, "peak": ans.peak, "fits": ans.fits, "refused": ans.refused,
                          "grad_error": f"{ans.grad_error:.2g}", "flops": ans.flops, "best_flops": ans.best_flops,
                          "best_kept": " ".join(map(str, ans.best_kept)), "no_worse": ans.no_worse,
                          "predicted": ans.predicted,

@@ -245,15 +245,17 @@ class Answer(NamedTuple):
     grad_error: float
     best_flops: int
     best_kept: tuple[int, ...]
+    refused: bool = False
+    """remat_opt raised ``InfeasibleBudgetError`` (``peak``: the budget it named; ``flops``: -1)."""
 
     @property
     def fits(self) -> bool:
-        return self.peak <= self.budget
+        return not self.refused and self.peak <= self.budget
 
     @property
     def no_worse(self) -> bool:
         """Recomputes no more than the best keep-set that fits, 1% slack."""
-        return self.flops <= self.best_flops * 1.01
+        return not self.refused and self.flops <= self.best_flops * 1.01
 
     @property
     def prediction_error(self) -> float | None:
@@ -267,13 +269,17 @@ def answers(program: KnownProgram, keep_sets: list[KeepSet], budgets: list[int])
     for budget in budgets:
         best = best_fitting(keep_sets, budget)
         step = remat_opt.optimize(program, budget, cache=False, solver_options=remat_opt.SolverOptions(**FAST_SOLVER))
-        plan = step.plan(params, x)
+        try:
+            plan = step.plan(params, x)
+        except remat_opt.InfeasibleBudgetError as err:  # a keep-set fits this budget: a failure, recorded
+            out.append(Answer(budget, err.min_budget_bytes, -1, None, 0.0, best.flops, best.kept, refused=True))
+            continue
         out.append(Answer(budget, plan.measured_peak_bytes, plan.measured_recompute_flops, plan.predicted_peak_bytes,
                           grad_error(step, program), best.flops, best.kept))
     return out
 
 
 def monotone(found: list[Answer]) -> bool:
-    """A larger budget never costs more recompute."""
-    ordered = sorted(found, key=lambda a: a.budget)
-    return all(b.flops <= a.flops for a, b in zip(ordered, ordered[1:]))
+    """A larger budget never costs more recompute (nor is refused where a smaller was planned)."""
+    ordered = [float("inf") if a.refused else a.flops for a in sorted(found, key=lambda a: a.budget)]
+    return all(b <= a for a, b in zip(ordered, ordered[1:]))
