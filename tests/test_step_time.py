@@ -219,3 +219,15 @@ def test_a_device_too_small_for_every_candidate_is_refused_saying_so(mlp_args, m
         remat_opt.optimize(loss, budget, objective="time", cache=False).plan(*mlp_args)
     assert err.value.min_budget_bytes > budget  # not "pass budget_bytes >= 0"
     assert "could not fit any" in str(err.value) and "smaller batch" in str(err.value)
+
+
+def test_candidates_that_lower_to_one_module_are_compiled_once(mlp_args):
+    def twin(params, x):  # another function, the same program
+        return residual_mlp(params, x)
+
+    def other(params, x):
+        return residual_mlp(params, x) * 2.0
+
+    a, b, c = _timing.compile_steps([residual_mlp, twin, other], mlp_args, {}, 0, False)
+    assert a is b and a is not c
+    assert a.peak_bytes == remat_opt.peak_bytes(residual_mlp, *mlp_args)

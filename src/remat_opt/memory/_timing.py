@@ -7,7 +7,9 @@ shapes. A candidate XLA cannot fit into the device (``RESOURCE_EXHAUSTED``,
 at compile or at run) does not fit: it is a figure, never a crash.
 
 Tracing and lowering run one at a time (Python); XLA's compiles run in a
-thread pool, as XLA releases the interpreter while it compiles.
+thread pool, as XLA releases the interpreter while it compiles. Candidates that
+lower to the same module (two per-layer policies that save the same values, as
+the two dot policies do on a network without batched matmuls) are compiled once.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import concurrent.futures
 import math
 import os
+import re
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -54,7 +57,8 @@ def out_of_memory(err: BaseException) -> bool:
 
 def compile_steps(programs: Sequence[Callable[..., Any]], args: tuple, kwargs: dict, argnums: Any,
                   has_aux: bool, workers: int | None = None) -> list[Compiled]:
-    """Each program's ``jax.value_and_grad`` step, lowered in turn and compiled in parallel.
+    """Each program's ``jax.value_and_grad`` step, lowered in turn and compiled in parallel; programs
+    whose steps lower to the same module share one :class:`Compiled` (the same object).
 
     Raises:
         Exception: whatever a lowering or compile raises, except XLA's out-of-memory
@@ -87,9 +91,19 @@ def compile_steps(programs: Sequence[Callable[..., Any]], args: tuple, kwargs: d
             return Compiled(None, None, seconds + time.perf_counter() - started, _short(err), specs)
         return Compiled(executable, peak, seconds + time.perf_counter() - started, None, specs)
 
-    workers = workers or min(len(lowered), max(1, (os.cpu_count() or 2) - 1), 8)
+    first: dict[str, int] = {}  # a module's text (its name aside) -> the first candidate that lowered to it
+    same = [first.setdefault(_module_body(low), k) if not isinstance(low, BaseException) else k
+            for k, (low, _, _) in enumerate(lowered)]
+    distinct = sorted(set(same))
+    workers = workers or min(len(distinct), max(1, (os.cpu_count() or 2) - 1), 8)
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        return list(pool.map(build, lowered))
+        built = dict(zip(distinct, pool.map(build, [lowered[k] for k in distinct])))
+    return [built[k] for k in same]
+
+
+def _module_body(lowered: Any) -> str:
+    """The lowered module's text without its name (``@jit_<function name>``)."""
+    return re.sub(r"^module @\S+", "module", lowered.as_text(), count=1)
 
 
 def _short(err: BaseException) -> str:

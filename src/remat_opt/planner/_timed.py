@@ -326,12 +326,16 @@ class _Search:
         progress.stage(f"step-time search: compiling {len(fresh)} candidate(s) in parallel")
         compiled = compile_steps([c.program for c in fresh], call.args, call.kwargs, call.nums, call.has_aux)
         known.update({c.label: (result, None, c) for c, result in zip(fresh, compiled)})
+        # Candidates that compiled to one executable (compile_steps) are run once.
+        timed: dict[int, float | None] = {id(r): s for r, s, _ in known.values() if s is not None}
         out = []
         for candidate in candidates:
             result, seconds, _ = known[candidate.label]
             if seconds is None and result.peak_bytes is not None and result.peak_bytes <= call.budget:
-                progress.stage(f"step-time search: running {candidate.label}")
-                seconds = step_seconds(result, self.inputs(result), call.repeats)
+                if id(result) not in timed:
+                    progress.stage(f"step-time search: running {candidate.label}")
+                    timed[id(result)] = step_seconds(result, self.inputs(result), call.repeats)
+                seconds = timed[id(result)]
                 known[candidate.label] = (result, seconds, candidate)
             fits = result.peak_bytes is not None and result.peak_bytes <= call.budget
             logger.info("candidate %s: peak %s, compiled in %.1f s, step %s", candidate.label,
