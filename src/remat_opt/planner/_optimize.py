@@ -9,6 +9,7 @@ are measured. Nested schedules (:mod:`remat_opt.solve._nesting`), Chen's
 segmentations, a program's loop plans (:mod:`remat_opt.rewrite._loops`) and
 JAX's built-in policies around the whole function (:mod:`remat_opt.planner._policy_planning`)
 are measured too; the plan that fits with the fewest recomputed FLOPs is returned.
+Each of these is a :data:`Strategy`, one signature for all, run in turn by the search.
 If nothing fits, :class:`InfeasibleBudgetError` says which budget XLA confirms.
 """
 
@@ -32,7 +33,7 @@ from ..cache import _front
 from ._floor import floor_refusal
 from ._forward import forward_mode
 from .._inputs import check_call
-from ._loop_planning import LoopCandidate, LoopSearch, body_plans, loop_plans
+from ._loop_planning import LoopSearch, body_plans, loop_plans
 from ..cache._lowest import recall, remember
 from ._mesh import laid_out, measurer, per_device_error, sharded_twin, with_collectives
 from . import _progress as progress
@@ -185,66 +186,72 @@ class OptimizedFunction:
             sim = simulate(whole_graph, Schedule(plain=True))
             return self._plan(run, whole_graph, sim, Schedule(plain=True),
                               Outcome(plain_peak, 0, "PLAIN", 0.0, 0.0, 0)), self.fn
-
-        # FLOP counts are kept under the program's key (remat_opt.cache._counted), where it names the cost model.
-        count_key = model.key if names_cost_model(call.options.cost_model) else None
         # jax.checkpoint around fn with a built-in policy that recomputes nothing:
         # when XLA fits it (it can keep less than fn as written), nothing beats it.
         progress.stage("JAX's policies")
-        policies = counted_policies(call, baseline_flops, count_key)
-        free = measured_policies(policies, budget, measure, below_flops=1)
-        if free and free[-1].measured <= budget:
-            return self._policy_plan(run, free[-1], 0.0)
-
-        loops, best_loop, loop_seconds = self._loop_stage(run)
-        # Only a schedule cheaper than what already fits is worth measuring: than the
-        # best loop plan (a schedule as cheap wins the tie), then than CP-SAT's.
-        loop_ceiling = measured_flops_of(best_loop[0]) + 1 if best_loop is not None else None
-        clock = SolverClock()
-        try:
-            planned = steered_plan(graph, budget, loop_ceiling, clock, self._steering(run))
-        except InfeasibleBudgetError as err:
-            planned, infeasible = None, err
-        planned_flops = planned[0].measured_recompute_flops if planned is not None else None
-        ceiling = min((c for c in (planned_flops, loop_ceiling) if c is not None), default=None)
-        other, lowest_other = self._measured_schedules(run, ceiling, count_key)
-        # The fewest recomputed FLOPs wins; on a tie, CP-SAT's schedule, then the others,
-        # then a whole-function policy (measured only when it recomputes less).
-        choices = [p for p in (planned, other, best_loop) if p is not None]
-        best = min(choices, key=lambda p: measured_flops_of(p[0]), default=None)
-        # A keep-set found on XLA's figures (solve._keep_sets), and a schedule an earlier
-        # search of this program measured within this budget (remat_opt.cache._front), if cheaper.
-        best = self._keep_set_plan(run, best) or best
-        best = self._from_front(run, best) or best
-        ceiling = None if best is None else measured_flops_of(best[0])
-        # The per-layer policies a user writes (remat_opt.planner._layer_policies): only one that recomputes less.
-        best = self._layer_policy_plan(run, ceiling) or best
-        ceiling = None if best is None else measured_flops_of(best[0])
-        tried = [*free, *measured_policies(policies, budget, measure, below_flops=ceiling, above_flops=0,
-                                           admit=lambda p: within_reach(whole_graph, p, budget, self.MODEL_SLACK))]
-        seconds = clock.seconds + loop_seconds  # every solve of this call, whichever wins
-        if tried and tried[-1].measured <= budget:
-            return self._policy_plan(run, tried[-1], seconds)
+        attempts = run.attempts
+        attempts.policies = counted_policies(call, baseline_flops, _count_key(run))
+        attempts.measured_policies = measured_policies(attempts.policies, budget, measure, below_flops=1)
+        if attempts.measured_policies and attempts.measured_policies[-1].measured <= budget:
+            return self._policy_plan(run, attempts.measured_policies[-1], 0.0)
+        # Each strategy in turn, given the plan that fits with the fewest FLOPs so far, returns
+        # one to take its place (cheaper; or as cheap, where it wins a tie) or None.
+        best: Planned | None = None
+        for strategy in self._strategies():
+            best = strategy(run, best) or best
         if best is not None:
-            return dataclasses.replace(best[0], solve_seconds=seconds), best[1]
+            return dataclasses.replace(best[0], solve_seconds=attempts.solve_seconds), best[1]
         known = self._recalled(run)
         if known is not None:
             return known
-        tried += unmeasured_policies(policies, tried, budget, measure)
-        if tried and tried[-1].measured <= budget:
-            return self._policy_plan(run, tried[-1], seconds)
-        raise nothing_fits(run, self.fn, infeasible, loops, tried, lowest_other)
+        attempts.measured_policies += unmeasured_policies(attempts.policies, attempts.measured_policies, budget, measure)
+        if attempts.measured_policies and attempts.measured_policies[-1].measured <= budget:
+            return self._policy_plan(run, attempts.measured_policies[-1], attempts.solve_seconds)
+        raise nothing_fits(run, self.fn)
 
-    def _layer_policy_plan(self, run: Search, below_flops: int | None) -> Planned | None:
+    def _strategies(self) -> tuple[Strategy, ...]:
+        """The strategies of a search, in the order they run: a tie goes to the earlier one,
+        except that CP-SAT's schedule and then the other schedules win a tie with a loop plan
+        (a schedule as cheap as the best loop plan is taken); a whole-function policy is
+        measured only where it recomputes less than every plan before it."""
+        return (self._loop_plan, self._cp_sat_plan, self._measured_schedules, self._keep_set_plan,
+                self._from_front, self._layer_policy_plan, self._whole_policy_plan)
+
+    def _cp_sat_plan(self, run: Search, best: Planned | None) -> Planned | None:
+        """CP-SAT's cheapest schedule that XLA fits, steered by XLA (:mod:`remat_opt.planner._steering`),
+        if it recomputes no more than ``best`` (a loop plan); its refusal is kept for the error."""
+        ceiling = None if best is None else measured_flops_of(best[0]) + 1  # as cheap as the loop plan wins
+        clock = SolverClock()
+        try:
+            planned = steered_plan(run.graph, run.call.budget, ceiling, clock, self._steering(run))
+        except InfeasibleBudgetError as err:
+            planned, run.attempts.infeasible = None, err
+        run.attempts.solve_seconds += clock.seconds
+        if planned is None or (best is not None and measured_flops_of(planned[0]) > measured_flops_of(best[0])):
+            return None
+        return planned
+
+    def _whole_policy_plan(self, run: Search, best: Planned | None) -> Planned | None:
+        """The whole-function policy XLA fits (:mod:`remat_opt.planner._policy_planning`), measured
+        only if it recomputes fewer FLOPs than ``best`` and the model puts it within reach."""
+        ceiling = None if best is None else measured_flops_of(best[0])
+        found = measured_policies(run.attempts.policies, run.call.budget, run.measure, below_flops=ceiling,
+                                  above_flops=0,
+                                  admit=lambda p: within_reach(run.whole_graph, p, run.call.budget, self.MODEL_SLACK))
+        run.attempts.measured_policies += found
+        return self._policy_plan(run, found[-1], 0.0) if found and found[-1].measured <= run.call.budget else None
+
+    def _layer_policy_plan(self, run: Search, best: Planned | None) -> Planned | None:
         """The fenced per-layer built-in policy that XLA fits with the fewest FLOPs, if it recomputes
-        fewer than ``below_flops``; the model does not describe its program (no prediction). Not on
+        fewer than ``best``; the model does not describe its program (no prediction). Not on
         a mesh: its count on the jaxpr prices no recomputed collective, as the planner's plans are."""
         call = run.call
         if is_sharded(call.args, call.kwargs):
             return None
         progress.stage("per-layer policies")
         counted = counted_layer_policies(call, run.model.whole, run.baseline_flops)
-        found = cheapest_fitting(counted, call.budget, run.measure, below_flops)
+        found = cheapest_fitting(counted, call.budget, run.measure,
+                                 None if best is None else measured_flops_of(best[0]))
         if found is None:
             return None
         plain = Schedule(plain=True)
@@ -273,10 +280,10 @@ class OptimizedFunction:
             program_model(call.step, call.options.model_options.as_written(), model.whole).graph, plain_peak)
         return graph, whole_graph, plain_peak
 
-    def _loop_stage(self, run: Search) -> tuple[list[LoopCandidate], Planned | None, float]:
-        """The loop plans of fn's scans kept as loops (:mod:`remat_opt.planner._loop_planning`), each
-        measured or counted; the cheapest that XLA fits, as a plan, if any; and the seconds CP-SAT
-        spent choosing the bodies' saved values."""
+    def _loop_plan(self, run: Search, best: Planned | None) -> Planned | None:
+        """The cheapest of fn's loop plans (scans kept as loops, :mod:`remat_opt.planner._loop_planning`)
+        that XLA fits, if it recomputes fewer FLOPs than ``best``; each measured or counted, and
+        kept for the error, with the seconds CP-SAT spent choosing the bodies' saved values."""
 
         def make_plan(graph: ProgramGraph, sim: Simulation, outcome: Outcome) -> Plan:
             return self._plan(run, graph, sim, Schedule(plain=True), outcome)
@@ -290,10 +297,12 @@ class OptimizedFunction:
         bodies = body_plans(search, call.options)
         body_ceiling = min((c.flops for c in bodies if c.measured <= budget), default=None)
         nothing_flops = bodies[0].flops if bodies else 0  # the loop saving nothing in the body comes first
-        loops = [*bodies, *loop_plans(search, body_ceiling, nested_floor=nothing_flops)]
-        cheapest = min((c for c in loops if c.measured <= budget), key=lambda c: c.flops, default=None)
-        best_loop = None if cheapest is None else (search.plan(cheapest), cheapest.program)
-        return loops, best_loop, sum(c.seconds for c in bodies)
+        run.attempts.loops = [*bodies, *loop_plans(search, body_ceiling, nested_floor=nothing_flops)]
+        run.attempts.solve_seconds += sum(c.seconds for c in bodies)
+        cheapest = min((c for c in run.attempts.loops if c.measured <= budget), key=lambda c: c.flops, default=None)
+        if cheapest is None or (best is not None and cheapest.flops >= measured_flops_of(best[0])):
+            return None
+        return search.plan(cheapest), cheapest.program
 
     def _recalled(self, run: Search) -> Planned | None:
         """The lowest-memory schedule an earlier search of this program measured, if XLA fits it
@@ -354,11 +363,10 @@ class OptimizedFunction:
     measuring: it over-predicts heavily segmented plans (on attention models by up to
     a fifth), and a plan XLA fits is a plan."""
 
-    def _measured_schedules(self, run: Search, ceiling_flops: int | None, count_key: str | None
-                            ) -> tuple[Planned | None, Planned | None]:
-        """The cheapest schedule outside CP-SAT's search that XLA fits in the budget
-        with fewer recomputed FLOPs than ``ceiling_flops``, if any; and the
-        lowest-memory one XLA measured, for the error when nothing fits.
+    def _measured_schedules(self, run: Search, best: Planned | None) -> Planned | None:
+        """The cheapest schedule outside CP-SAT's search that XLA fits in the budget with fewer
+        recomputed FLOPs than ``best`` (or as few, where ``best`` is a loop plan), if any; the
+        lowest-memory one XLA measured is kept for the error when nothing fits.
 
         The model ranks them in tiers (:func:`remat_opt.solve._outside.outside_tiers`:
         within :attr:`MODEL_SLACK` of the budget, the cheapest first, counted on
@@ -366,11 +374,12 @@ class OptimizedFunction:
         nothing else fits, the lowest), at most :attr:`MEASURED_CANDIDATES` each (the first
         one more where they are all predicted over the budget), and besides them what the
         Chen and Revolve baselines measure, wherever the model puts it; XLA decides.
-        Their FLOP counts are kept under ``count_key``, the program's at any budget
-        (:mod:`remat_opt.cache._counted`; ``None``: not kept): a sweep of budgets counts each once.
+        Their FLOP counts are kept under the program's key at any budget (:func:`_count_key`,
+        :mod:`remat_opt.cache._counted`): a sweep of budgets counts each once.
         """
         started = time.perf_counter()
-        graph, budget = run.graph, run.call.budget
+        graph, budget, count_key = run.graph, run.call.budget, _count_key(run)
+        ceiling_flops = None if best is None else measured_flops_of(best[0]) + int(best[0].loop_plan is not None)
         # Each schedule's program built once: its gradient's trace (kept with the function,
         # traced_step) serves its FLOP count and its compile.
         program_of = functools.cache(lambda schedule: self._program(graph, schedule))
@@ -397,8 +406,9 @@ class OptimizedFunction:
                     if tier is tiers[0]:
                         break  # the cheapest the model fits, and XLA agrees
             if fitting:
-                return min(fitting, key=lambda p: measured_flops_of(p[0])), None
-        return None, min(measured_plans, key=lambda p: measured_peak_of(p[0]), default=None)
+                return min(fitting, key=lambda p: measured_flops_of(p[0]))
+        run.attempts.lowest_other = min(measured_plans, key=lambda p: measured_peak_of(p[0]), default=None)
+        return None
 
     def _steering(self, run: Search) -> Steering:
         """This search's limits and stages, for CP-SAT's search steered by XLA (:mod:`remat_opt.planner._steering`)."""
@@ -465,6 +475,17 @@ class OptimizedFunction:
             computed_once=len(once_values(graph, schedule)) if options.compute_saved_once else 0,
             segment_peaks=sim.segment_peaks,
         )
+
+
+Strategy = Callable[[Search, Planned | None], Planned | None]
+"""One strategy of a search: given the plan that fits with the fewest FLOPs so far (or ``None``),
+a measured plan that fits the budget and takes its place, or ``None``."""
+
+
+def _count_key(run: Search) -> str | None:
+    """The key FLOP counts are kept under (:mod:`remat_opt.cache._counted`): the program's at any
+    budget, where it names the cost model; ``None`` (not kept) where it cannot."""
+    return run.model.key if names_cost_model(run.call.options.cost_model) else None
 
 
 def _flops(call: Call, program: Callable[..., Any]) -> int:

@@ -13,20 +13,21 @@ from typing import Any
 
 from ..cache._cache import cache_directory, qualified_name
 from .._errors import InfeasibleBudgetError
-from ._loop_planning import LoopCandidate
 from ..cache._lowest import lowest_kept, remember
-from .._plan import Planned, measured_peak_of
+from .._plan import measured_peak_of
 from ._search_state import Search
 
 
-def nothing_fits(run: Search, fn: Callable[..., Any], infeasible: InfeasibleBudgetError,
-                 loops: list[LoopCandidate], tried: list, lowest_other: Planned | None) -> InfeasibleBudgetError:
+def nothing_fits(run: Search, fn: Callable[..., Any]) -> InfeasibleBudgetError:
     """The error when nothing fits: it names the lowest peak XLA measured for any plan
     of this search (loop plans, whole-function policies, outside schedules, CP-SAT's
     lowest-memory schedules), the same whatever ran before; a lower peak an earlier plan
     of this program measured is said beside it. The lowest measured schedules are kept
     for a later call (:mod:`remat_opt.cache._lowest`)."""
     lowest_key, budget = run.model.key, run.call.budget
+    loops, tried, lowest_other = run.attempts.loops, run.attempts.measured_policies, run.attempts.lowest_other
+    # CP-SAT's search refuses whenever nothing fits it; a ceiling ends it only once something has.
+    infeasible = run.attempts.infeasible or InfeasibleBudgetError(budget, run.plain_peak)
     directory, name = cache_directory(run.call.options.cache), qualified_name(fn)
     earlier = lowest_kept(lowest_key, directory)  # what earlier plans of this program measured
     if infeasible.schedule is not None:

@@ -9,6 +9,8 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+from .._errors import InfeasibleBudgetError
+from .._plan import Planned
 from ..cache._call import Call
 from ..program._graph import ProgramGraph
 from ..program._trace import TracedProgram
@@ -35,6 +37,28 @@ class Modelled:
     key: str
 
 
+@dataclasses.dataclass
+class Attempts:
+    """What a search's strategies tried besides the plan they return: the seconds CP-SAT spent,
+    and, for the error when nothing fits (:mod:`remat_opt.planner._refusal`), what each measured.
+
+    Attributes:
+        policies: JAX's whole-function policies, their FLOPs counted (measured as strategies need them).
+        measured_policies: the whole-function policies measured, in order.
+        loops: the loop plans measured or counted.
+        infeasible: CP-SAT's search's refusal, where it found nothing that fits.
+        lowest_other: the lowest-memory schedule outside CP-SAT's search measured, if any.
+        solve_seconds: seconds every solve of the search took, whichever plan wins.
+    """
+
+    policies: list[Any] = dataclasses.field(default_factory=list)
+    measured_policies: list[Any] = dataclasses.field(default_factory=list)
+    loops: list[Any] = dataclasses.field(default_factory=list)
+    infeasible: InfeasibleBudgetError | None = None
+    lowest_other: Planned | None = None
+    solve_seconds: float = 0.0
+
+
 @dataclasses.dataclass(frozen=True)
 class Search:
     """One search of a call: what every strategy is built, measured and judged with.
@@ -47,6 +71,7 @@ class Search:
         measure: XLA's peak of a program's gradient step.
         baseline_flops: FLOPs of the plain gradient step.
         plain_peak: XLA's peak of ``fn`` as written.
+        attempts: what the strategies tried, filled in as they run.
     """
 
     call: Call
@@ -56,6 +81,7 @@ class Search:
     measure: Measure
     baseline_flops: int
     plain_peak: int
+    attempts: Attempts = dataclasses.field(default_factory=Attempts)
 
 
 @dataclasses.dataclass(frozen=True)
