@@ -159,3 +159,18 @@ def test_measured_keep_set_descends_when_keeping_nothing_is_over_the_budget():
     assert found is not None
     assert found == (remat_opt.Schedule(cuts=found[0].cuts, saved=frozenset({first})), 900)
     assert measured_keep_set(graph, 850, measure) is None  # and nothing else fits under what it measured
+
+
+def test_before_a_refusal_every_keep_set_is_measured():
+    """Where the greedy and its second look find nothing that fits and nothing else fits either,
+    the other keep-sets of a small program are measured before a refusal (``exhaustive``)."""
+    program = chain((4, 4, 4), ks=(4, 4, 4))
+    graph = graph_of(program)
+    first, second, third = sorted(keep_set_schedules(graph)[-1].saved)
+
+    def measure(schedule: remat_opt.Schedule) -> int:  # only keeping the last two outputs fits
+        return 900 if schedule.saved == {second, third} else 1000
+
+    assert measured_keep_set(graph, 950, measure) is None
+    found = measured_keep_set(graph, 950, measure, exhaustive=True)
+    assert found is not None and found[0].saved == {second, third} and found[1] == 900

@@ -324,7 +324,9 @@ class OptimizedFunction:
         if is_sharded(run.call.args, run.call.kwargs):
             return None
         program_of = functools.cache(lambda schedule: self._program(run.graph, schedule))
-        found = measured_keep_set(run.graph, run.call.budget, lambda schedule: run.measure(program_of(schedule)))
+        # Where nothing fits yet, every keep-set of a small program is measured before a refusal.
+        found = measured_keep_set(run.graph, run.call.budget, lambda schedule: run.measure(program_of(schedule)),
+                                  exhaustive=best is None)
         if found is None:
             return None
         schedule, measured = found

@@ -87,8 +87,8 @@ def per_matmul_cuts(graph: ProgramGraph, positions: list[int]) -> tuple[frozense
     return tuple(dict.fromkeys(frozenset(s) for s in ways if s))
 
 
-def measured_keep_set(graph: ProgramGraph, budget: int, measure: Callable[[Schedule], int]
-                      ) -> tuple[Schedule, int] | None:
+def measured_keep_set(graph: ProgramGraph, budget: int, measure: Callable[[Schedule], int],
+                      exhaustive: bool = False) -> tuple[Schedule, int] | None:
     """A keep-set XLA fits in ``budget``, found by measuring, with its peak; ``None`` if none
     is (or the program has more than :data:`ALL_SUBSETS` matmuls, or fewer than two).
 
@@ -100,8 +100,10 @@ def measured_keep_set(graph: ProgramGraph, budget: int, measure: Callable[[Sched
     XLA's peak is not monotone in the kept set); then up to :data:`SECOND_LOOK` keep-sets
     the model puts cheaper, on any segmentation that fits keeping nothing (or the lowest),
     the cheapest first, unless its peak, corrected by the model's least error on the
-    keep-sets measured, is over by more than :data:`SECOND_LOOK_SLACK`.
-    At most ``4 + ALL_SUBSETS + SECOND_LOOK`` compiles.
+    keep-sets measured, is over by more than :data:`SECOND_LOOK_SLACK`. With ``exhaustive``
+    (nothing else fits: the alternative is a refusal), if none of these fits, the other
+    keep-sets of the lowest segmentation, the fewest FLOPs first, up to :data:`EXHAUSTIVE`.
+    At most ``4 + ALL_SUBSETS + SECOND_LOOK`` compiles (and :data:`EXHAUSTIVE` more).
     """
     dots = _dots(graph)
     if not 2 <= len(dots) <= ALL_SUBSETS:
@@ -147,13 +149,34 @@ def measured_keep_set(graph: ProgramGraph, budget: int, measure: Callable[[Sched
             continue
         looks -= 1
         peak = measure(s)
+        measured.add(s)
         if peak <= budget:
             return s, peak
+    if best is None and exhaustive:
+        return _first_fitting(graph, budget, measure, bare[0][2], names, measured)
     return best
+
+
+def _first_fitting(graph: ProgramGraph, budget: int, measure: Callable[[Schedule], int], cuts: frozenset[int],
+                   names: list[int], measured: set[Schedule]) -> tuple[Schedule, int] | None:
+    """The keep-set on ``cuts`` with the fewest recomputed FLOPs (the model's count) that XLA fits,
+    of those not ``measured``, up to :data:`EXHAUSTIVE` measured; ``None`` if none does."""
+    rest = [Schedule(cuts=cuts, saved=frozenset(kept)) for r in range(len(names) + 1)
+            for kept in itertools.combinations(names, r)]
+    ranked = sorted((simulate(graph, s).recompute_flops, sorted(s.saved), s) for s in rest if s not in measured)
+    for *_, s in ranked[:EXHAUSTIVE]:
+        peak = measure(s)
+        if peak <= budget:
+            return s, peak
+    return None
 
 
 SECOND_LOOK = 4
 """Keep-sets the model puts cheaper than the greedy knapsack's, measured at most."""
+
+EXHAUSTIVE = 32
+"""Keep-sets measured at most, the fewest FLOPs first, before a budget nothing else fits is refused:
+every one of a program of five matmuls."""
 
 SECOND_LOOK_SLACK = 0.05
 """How far over the budget a second look's corrected prediction may be: XLA's peak differs
