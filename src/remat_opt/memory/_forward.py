@@ -18,11 +18,20 @@ matmul, a reduction; cheap elementwise work fuses into its reader), lives from
 its producer to its last forward reader, and to the end of the forward when
 the schedule stores it for the backward. A chain's forward holds no more than
 its backward does; the count matters where the program branches.
+
+Whether XLA runs branches side by side is the scheduler's choice, and it
+differs between XLA releases (jax 0.12's XLA:CPU runs them one after
+another): :func:`runs_branches_side_by_side` reads it off a small probe's
+compile, and the model counts the forward only where it says so.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Collection
+
+import jax
+import jax.numpy as jnp
 
 from ..program._graph import ALIASING_PRIMITIVES, ProgramGraph
 from ._fusion import MATERIALIZING_CONSUMERS, REDUCTIONS
@@ -89,3 +98,30 @@ def _readers(graph: ProgramGraph, node: int, step: dict[int, int]) -> list[int]:
             elif graph.units[c].primitive in ALIASING_PRIMITIVES:
                 stack.extend(graph.units[c].outputs)
     return out
+
+
+_SIDE_BY_SIDE: dict[tuple[str, str], bool] = {}
+
+PROBE_ROWS, PROBE_WIDTH, PROBE_BRANCHES = 256, 64, 4
+
+
+def runs_branches_side_by_side() -> bool:
+    """Whether the default backend's XLA holds parallel branches' values side by side in a forward.
+
+    Read off the compile of a probe: :data:`PROBE_BRANCHES` matmuls of one input, each followed
+    by its ``sin`` and a mean of squares. Scheduled breadth-first, XLA's temporaries hold every
+    branch's output at once; one branch after another, one or none. Once per process, backend
+    and ``XLA_FLAGS``.
+    """
+    key = (jax.default_backend(), os.environ.get("XLA_FLAGS", ""))
+    if key not in _SIDE_BY_SIDE:
+        x = jax.ShapeDtypeStruct((PROBE_ROWS, PROBE_WIDTH), jnp.float32)
+        ws = [jax.ShapeDtypeStruct((PROBE_WIDTH, PROBE_WIDTH), jnp.float32)] * PROBE_BRANCHES
+        memory = jax.jit(_probe).lower(x, ws).compile().memory_analysis()
+        temp = getattr(memory, "temp_size_in_bytes", 0) if memory is not None else 0
+        _SIDE_BY_SIDE[key] = temp > 2 * PROBE_ROWS * PROBE_WIDTH * 4
+    return _SIDE_BY_SIDE[key]
+
+
+def _probe(x: jax.Array, ws: list[jax.Array]) -> jax.Array:
+    return sum((jnp.mean(jnp.sin(x @ w) ** 2) for w in ws), jnp.zeros((), jnp.float32))

@@ -103,7 +103,7 @@ import dataclasses
 import weakref
 
 from ._branch import live_per_segment
-from ._forward import forward_live_bytes
+from ._forward import forward_live_bytes, runs_branches_side_by_side
 from ._terms import (
     boundary_cotangent_bytes,
     kept_buffers,
@@ -229,7 +229,8 @@ def simulated(graph: ProgramGraph, schedule: Schedule, *, planning: bool = False
     peaks, partials_at_end = _segment_peaks(run, copies, recomputed, rerun)
     base = graph.input_bytes + graph.output_bytes
     peak = max(*peaks, base + partials_at_end)
-    if not planning and not schedule.plain and not schedule.nested:  # the prediction's forward (_forward)
+    if not planning and not schedule.plain and not schedule.nested and runs_branches_side_by_side():
+        # the prediction's forward, where XLA runs branches side by side (_forward)
         primal_outputs = sum(b for b, out in zip(graph.node_bytes, graph.is_output) if out)  # no gradient yet
         peak = max(peak, graph.input_bytes + primal_outputs + forward_live_bytes(graph, {graph.buffer[c[0]] for c in copies}))
     return Simulation(
