@@ -28,10 +28,12 @@ compile, and the model counts the forward only where it says so.
 from __future__ import annotations
 
 import os
+import weakref
 from collections.abc import Collection
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ..program._graph import ALIASING_PRIMITIVES, ProgramGraph
 from ._fusion import MATERIALIZING_CONSUMERS, REDUCTIONS
@@ -53,27 +55,43 @@ def forward_live_bytes(graph: ProgramGraph, stored: Collection[int]) -> int:
         Bytes of the buffers live together at the forward's busiest step (program
         inputs and outputs not counted).
     """
-    order = _breadth_first(graph)
-    step = {u: i for i, u in enumerate(order)}
-    allocated = [0] * (len(order) + 1)
-    freed = [0] * (len(order) + 1)
-    for u in order:
-        for v in graph.units[u].outputs:
-            if graph.is_output[v] or not graph.node_bytes[v]:
-                continue
-            readers = _readers(graph, v, step)
-            if v not in stored and graph.units[u].primitive not in READS_MEMORY and not any(
-                    graph.units[c].primitive in READS_MEMORY for c in readers):
-                continue  # fused into its readers
-            last = len(order) if v in stored else max((step[c] for c in readers), default=step[u])
-            allocated[step[u]] += graph.node_bytes[v]
-            freed[last] += graph.node_bytes[v]
-    live = most = 0
-    for here, gone in zip(allocated, freed):
-        live += here
-        most = max(most, live)
-        live -= gone
-    return most
+    steps, (nodes, sizes, at, last, buffered) = _forward_values(graph)
+    kept = np.isin(nodes, np.fromiter(stored, np.int64, len(stored)))
+    live = kept | buffered
+    last = np.where(kept, steps, last)
+    allocated = np.bincount(at[live], sizes[live], minlength=steps + 1)
+    freed = np.bincount(last[live], sizes[live], minlength=steps + 1)
+    # Live at step i: allocated up to i, less what was freed before it.
+    held = np.cumsum(allocated) - np.concatenate(([0], np.cumsum(freed)[:-1]))
+    return int(held.max(initial=0))
+
+
+_VALUES: dict[int, tuple[int, tuple[np.ndarray, ...]]] = {}
+"""Per live graph (by id, dropped with it): :func:`_forward_values`, which no schedule changes."""
+
+
+def _forward_values(graph: ProgramGraph) -> tuple[int, tuple[np.ndarray, ...]]:
+    """The forward's steps, and per value it computes (program outputs aside), as arrays: its
+    node, bytes, the step computing it, its last forward reader's step, and whether it gets a
+    buffer unless stored. Worked out once per graph: the planner simulates many schedules of it."""
+    if id(graph) not in _VALUES:
+        order = _breadth_first(graph)
+        step = {u: i for i, u in enumerate(order)}
+        rows = []
+        for u in order:
+            for v in graph.units[u].outputs:
+                if graph.is_output[v] or not graph.node_bytes[v]:
+                    continue
+                readers = _readers(graph, v, step)
+                buffered = graph.units[u].primitive in READS_MEMORY or any(
+                    graph.units[c].primitive in READS_MEMORY for c in readers)
+                rows.append((v, graph.node_bytes[v], step[u], max((step[c] for c in readers), default=step[u]),
+                             buffered))
+        columns = tuple(np.array(c, dtype=bool if k == 4 else np.int64)
+                        for k, c in enumerate(zip(*rows) if rows else ([],) * 5))
+        _VALUES[id(graph)] = (len(order), columns)
+        weakref.finalize(graph, _VALUES.pop, id(graph), None)
+    return _VALUES[id(graph)]
 
 
 def _breadth_first(graph: ProgramGraph) -> list[int]:
