@@ -34,7 +34,7 @@ def test_the_forward_of_parallel_branches_is_predicted_within_a_tenth(keep_sets,
     for kept, schedule, measured in plans:
         predicted = simulate(graph, schedule).peak_bytes
         with monkeypatch.context() as m:  # no forward count: the segments' backwards alone
-            m.setattr(_simulate, "forward_live_bytes", lambda g, stored: 0)
+            m.setattr(_simulate, "forward_peak_bytes", lambda g, stored: 0)
             without.append(simulated(graph, schedule).peak_bytes)
         if side_by_side:
             assert abs(predicted / measured - 1) <= 0.10, (kept, predicted, measured)
@@ -58,6 +58,6 @@ def test_a_chain_forward_holds_no_more_than_its_backward(monkeypatch):
     for kept in [(), (0,), (0, 1, 2)]:
         schedule = keep_set_schedule(graph, kept)
         with monkeypatch.context() as m:
-            m.setattr(_simulate, "forward_live_bytes", lambda g, stored: 0)
+            m.setattr(_simulate, "forward_peak_bytes", lambda g, stored: 0)
             without = simulated(graph, schedule).peak_bytes
         assert simulated(graph, schedule).peak_bytes == without, kept

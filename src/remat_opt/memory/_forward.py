@@ -27,15 +27,15 @@ compile, and the model counts the forward only where it says so.
 
 from __future__ import annotations
 
+import dataclasses
 import os
-import weakref
 from collections.abc import Collection
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..program._graph import ALIASING_PRIMITIVES, ProgramGraph
+from ..program._graph import ALIASING_PRIMITIVES, ProgramGraph, per_graph
 from ._fusion import MATERIALIZING_CONSUMERS, REDUCTIONS
 
 READS_MEMORY = MATERIALIZING_CONSUMERS | REDUCTIONS
@@ -43,38 +43,42 @@ READS_MEMORY = MATERIALIZING_CONSUMERS | REDUCTIONS
 operands and outputs are materialized in the forward."""
 
 
-def forward_live_bytes(graph: ProgramGraph, stored: Collection[int]) -> int:
-    """The most bytes of forward values live at once, run breadth-first.
+def forward_peak_bytes(graph: ProgramGraph, stored: Collection[int]) -> int:
+    """The forward's peak, run breadth-first: the program's inputs and primal outputs (no
+    gradient is written yet) and the most bytes of forward values live at once.
 
     Args:
         graph: the program graph.
         stored: the nodes the schedule stores for the backward (live from where they
             are computed to the end of the forward).
-
-    Returns:
-        Bytes of the buffers live together at the forward's busiest step (program
-        inputs and outputs not counted).
     """
-    steps, (nodes, sizes, at, last, buffered) = _forward_values(graph)
-    kept = np.isin(nodes, np.fromiter(stored, np.int64, len(stored)))
-    live = kept | buffered
-    last = np.where(kept, steps, last)
-    allocated = np.bincount(at[live], sizes[live], minlength=steps + 1)
-    freed = np.bincount(last[live], sizes[live], minlength=steps + 1)
+    forward = per_graph(_FORWARDS, graph, lambda: _Forward.of(graph))
+    kept = np.isin(forward.nodes, np.fromiter(stored, np.int64, len(stored)))
+    live = kept | forward.buffered
+    last = np.where(kept, forward.steps, forward.last)
+    allocated = np.bincount(forward.at[live], forward.sizes[live], minlength=forward.steps + 1)
+    freed = np.bincount(last[live], forward.sizes[live], minlength=forward.steps + 1)
     # Live at step i: allocated up to i, less what was freed before it.
     held = np.cumsum(allocated) - np.concatenate(([0], np.cumsum(freed)[:-1]))
-    return int(held.max(initial=0))
+    return graph.input_bytes + forward.output_bytes + int(held.max(initial=0))
 
 
-_VALUES: dict[int, tuple[int, tuple[np.ndarray, ...]]] = {}
-"""Per live graph (by id, dropped with it): :func:`_forward_values`, which no schedule changes."""
+@dataclasses.dataclass(frozen=True)
+class _Forward:
+    """What no schedule changes of a graph's forward: its steps, the bytes of its primal outputs,
+    and per value it computes (program outputs aside) its node, bytes, the step computing it,
+    its last forward reader's step, and whether it gets a buffer unless stored."""
 
+    steps: int
+    output_bytes: int
+    nodes: np.ndarray
+    sizes: np.ndarray
+    at: np.ndarray
+    last: np.ndarray
+    buffered: np.ndarray
 
-def _forward_values(graph: ProgramGraph) -> tuple[int, tuple[np.ndarray, ...]]:
-    """The forward's steps, and per value it computes (program outputs aside), as arrays: its
-    node, bytes, the step computing it, its last forward reader's step, and whether it gets a
-    buffer unless stored. Worked out once per graph: the planner simulates many schedules of it."""
-    if id(graph) not in _VALUES:
+    @classmethod
+    def of(cls, graph: ProgramGraph) -> _Forward:
         order = _breadth_first(graph)
         step = {u: i for i, u in enumerate(order)}
         rows = []
@@ -87,11 +91,14 @@ def _forward_values(graph: ProgramGraph) -> tuple[int, tuple[np.ndarray, ...]]:
                     graph.units[c].primitive in READS_MEMORY for c in readers)
                 rows.append((v, graph.node_bytes[v], step[u], max((step[c] for c in readers), default=step[u]),
                              buffered))
-        columns = tuple(np.array(c, dtype=bool if k == 4 else np.int64)
-                        for k, c in enumerate(zip(*rows) if rows else ([],) * 5))
-        _VALUES[id(graph)] = (len(order), columns)
-        weakref.finalize(graph, _VALUES.pop, id(graph), None)
-    return _VALUES[id(graph)]
+        columns = [np.array(c, dtype=bool if k == 4 else np.int64)
+                   for k, c in enumerate(zip(*rows) if rows else ([],) * 5)]
+        outputs = sum(b for b, out in zip(graph.node_bytes, graph.is_output) if out)
+        return cls(len(order), outputs, *columns)
+
+
+_FORWARDS: dict[int, _Forward] = {}
+"""Per live graph: :class:`_Forward` (the planner simulates many schedules of one graph)."""
 
 
 def _breadth_first(graph: ProgramGraph) -> list[int]:

@@ -100,10 +100,9 @@ nested ones are simulated here and measured.
 from __future__ import annotations
 
 import dataclasses
-import weakref
 
 from ._branch import live_per_segment
-from ._forward import forward_live_bytes, runs_branches_side_by_side
+from ._forward import forward_peak_bytes, runs_branches_side_by_side
 from ._terms import (
     boundary_cotangent_bytes,
     kept_buffers,
@@ -113,7 +112,7 @@ from ._terms import (
     tail_extra_bytes,
 )
 from ._fusion import materialized, read_by_backward
-from ..program._graph import ProgramGraph
+from ..program._graph import ProgramGraph, per_graph
 from ._once import held_when_once
 from ._partials import held_partial_bytes
 from .._schedule import Schedule, Simulation, nested_ranges, segment_of_positions
@@ -181,10 +180,7 @@ solve and every tier), and a simulation is a function of the two."""
 def simulate(graph: ProgramGraph, schedule: Schedule, *, planning: bool = False) -> Simulation:
     """Predicts peak bytes and recompute FLOPs of ``schedule`` on ``graph``
     (:func:`simulated`), once per graph, schedule and ``planning``."""
-    made = _simulations.get(id(graph))
-    if made is None:
-        made = _simulations[id(graph)] = {}
-        weakref.finalize(graph, _simulations.pop, id(graph), None)
+    made = per_graph(_simulations, graph, dict)
     key = (schedule, planning)
     if key not in made:
         made[key] = simulated(graph, schedule, planning=planning)
@@ -227,12 +223,10 @@ def simulated(graph: ProgramGraph, schedule: Schedule, *, planning: bool = False
     rerun, rerun_flops = _rerun(graph, run.layout, copies, residual_as_written)
     flops = sum(graph.units[u].flops for u in recomputed & graph.primal) + rerun_flops
     peaks, partials_at_end = _segment_peaks(run, copies, recomputed, rerun)
-    base = graph.input_bytes + graph.output_bytes
-    peak = max(*peaks, base + partials_at_end)
+    peak = max(*peaks, graph.input_bytes + graph.output_bytes + partials_at_end)
     if not planning and not schedule.plain and not schedule.nested and runs_branches_side_by_side():
         # the prediction's forward, where XLA runs branches side by side (_forward)
-        primal_outputs = sum(b for b, out in zip(graph.node_bytes, graph.is_output) if out)  # no gradient yet
-        peak = max(peak, graph.input_bytes + primal_outputs + forward_live_bytes(graph, {graph.buffer[c[0]] for c in copies}))
+        peak = max(peak, forward_peak_bytes(graph, {graph.buffer[c[0]] for c in copies}))
     return Simulation(
         peak_bytes=peak,
         recompute_flops=flops,

@@ -22,8 +22,10 @@ buffer: on XLA:CPU a ``float16``/``bfloat16`` dot or convolution is computed in
 from __future__ import annotations
 
 import dataclasses
+import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import jax
 import networkx as nx
@@ -35,6 +37,8 @@ from ._linearize import linearized, reduced_residuals
 from ._names import eqn_index_of
 from ._source import source_line
 from ._trace import TracedProgram
+
+T = TypeVar("T")
 
 
 def aval_bytes(aval: Any) -> int:
@@ -416,6 +420,16 @@ def _cse_key(eqn: core.JaxprEqn, node_of: dict, buffer: list[int]) -> tuple | No
     except Exception:
         return None
     return (eqn.primitive.name, params, str(eqn.outvars[0].aval), tuple(args))
+
+
+def per_graph(store: dict[int, Any], graph: ProgramGraph, make: Callable[[], T]) -> T:
+    """``store``'s value for ``graph`` (kept by id), made by ``make`` on first use and dropped with
+    the graph: what the planner asks of one graph many times (a schedule's simulation, say)."""
+    key = id(graph)
+    if key not in store:
+        store[key] = make()
+        weakref.finalize(graph, store.pop, key, None)
+    return store[key]
 
 
 def primal_units(graph: ProgramGraph) -> frozenset[int]:

@@ -30,14 +30,13 @@ References:
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass
 
 import numpy as np
 
 from .._schedule import Schedule
 from ..memory._simulate import simulate
-from ..program._graph import ProgramGraph
+from ..program._graph import ProgramGraph, per_graph
 from ._block_costs import ChainCosts, SegmentTerms
 from ._blocks import BlockChain, find_blocks
 from ._stage_saves import Stage, StageModel, saveable, stage_model
@@ -283,12 +282,11 @@ _SEARCHES: dict[int, ChainSearch | None] = {}
 def _search_of(graph: ProgramGraph) -> ChainSearch | None:
     """The graph's block chain and its options, found once per graph (a plan's
     retries solve the same graph under other targets)."""
-    key = id(graph)
-    if key not in _SEARCHES:
+    def search() -> ChainSearch | None:
         chain = find_blocks(graph)
-        _SEARCHES[key] = None if chain is None else ChainSearch(graph, chain)
-        weakref.finalize(graph, _SEARCHES.pop, key, None)
-    return _SEARCHES[key]
+        return None if chain is None else ChainSearch(graph, chain)
+
+    return per_graph(_SEARCHES, graph, search)
 
 
 def block_start(graph: ProgramGraph, budget_bytes: int) -> ChainPlan | None:
