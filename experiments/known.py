@@ -12,7 +12,8 @@ no more than the best keep-set that fits (1% slack), and across a program's
 budgets a larger budget never costs more recompute.
 
 Seeds: ``--seeds dev`` (``DEV_SEEDS``, looked at while the planner changed) or
-``eval`` (``EVAL_SEEDS``, held out), the first ``--programs`` of them, stopping
+``eval`` (``EVAL_SEEDS``, held out; ``seeds_of`` moves the evaluation seeds that drove a
+change to the development set and replaces each), the first ``--programs`` of them, stopping
 after ``--minutes``; ``--budgets N`` takes at most N of a program's front budgets,
 spread from its lowest to its highest, and ``--max-dots N`` skips the programs of more
 than N matmuls (2**N plans each): on 2 cores the full set takes days.
@@ -34,8 +35,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from common import RESULTS, command, stamp, write_csv  # noqa: E402
-from known_programs import DEV_SEEDS, EVAL_SEEDS, FAMILIES, answers, enumerate_keep_sets, monotone, \
-    pareto_budgets  # noqa: E402
+from known_programs import FAMILIES, answers, enumerate_keep_sets, monotone, pareto_budgets, \
+    seeds_of  # noqa: E402
 
 import remat_opt  # noqa: E402
 
@@ -64,7 +65,7 @@ def main() -> None:
     a = parser.parse_args()
     if a.summary:
         return summarize(a.summary)
-    seeds = list(DEV_SEEDS if a.seeds == "dev" else EVAL_SEEDS)[a.first:a.first + a.programs]
+    seeds = seeds_of(a.family, a.seeds == "eval")[a.first:a.first + a.programs]
     path = a.out / f"known_{a.family}_{a.seeds}.csv"
     rows: list[dict] = []
     started = time.perf_counter()

@@ -45,6 +45,18 @@ DEV_SEEDS = range(0, 100)
 EVAL_SEEDS = range(10_000, 10_200)
 """Held out: generated the same way, looked at only to report."""
 
+MOVED_TO_DEV: dict[str, tuple[int, ...]] = {"branches": (10_154,)}
+"""Per family, the evaluation seeds that drove a planner change (10154: refused at a keep-set's
+peak, session 44): development since, each replaced by a seed past :data:`EVAL_SEEDS`."""
+
+
+def seeds_of(family: str, held_out: bool) -> list[int]:
+    """The development or evaluation seeds of ``family``, with :data:`MOVED_TO_DEV` moved."""
+    moved = MOVED_TO_DEV.get(family, ())
+    if not held_out:
+        return [*DEV_SEEDS, *moved]
+    return [s for s in EVAL_SEEDS if s not in moved] + list(range(EVAL_SEEDS.stop, EVAL_SEEDS.stop + len(moved)))
+
 UNIT = 8  # widths are multiples of UNIT columns
 BATCH = 512
 

@@ -174,3 +174,11 @@ def test_before_a_refusal_every_keep_set_is_measured():
     assert measured_keep_set(graph, 950, measure) is None
     found = measured_keep_set(graph, 950, measure, exhaustive=True)
     assert found is not None and found[0].saved == {second, third} and found[1] == 900
+
+
+def test_an_evaluation_seed_that_drove_a_change_is_development_and_replaced():
+    from known_programs import EVAL_SEEDS, MOVED_TO_DEV, seeds_of
+
+    for family, moved in MOVED_TO_DEV.items():
+        held_out, dev = seeds_of(family, True), seeds_of(family, False)
+        assert len(held_out) == len(EVAL_SEEDS) and not set(moved) & set(held_out) and set(moved) <= set(dev)
