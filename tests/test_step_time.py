@@ -236,3 +236,18 @@ def test_candidates_that_lower_to_one_module_are_compiled_once(mlp_args):
     a, b, c = _timing.compile_steps([residual_mlp, twin, other], mlp_args, {}, 0, False)
     assert a is b and a is not c
     assert a.peak_bytes == remat_opt.peak_bytes(residual_mlp, *mlp_args)
+
+
+def test_a_step_first_planned_under_jit_runs_its_candidates_on_the_device(mlp_args):
+    # The README's usage on an accelerator: jit(value_and_grad(step)) with no step.plan() first.
+    # The plan is made while jit traces; its candidates must still run, not be staged.
+    def loss(params, x):  # a program of its own: nothing measured of it in this process
+        return 1.25 * residual_mlp(params, x)
+
+    budget = int(0.8 * remat_opt.peak_bytes(loss, *mlp_args))
+    step = remat_opt.optimize(loss, budget, objective="time", cache=False)
+    value, grads = jax.jit(jax.value_and_grad(step))(*mlp_args)
+    plan = step.plan(*mlp_args)
+    assert plan.fits and plan.step_seconds is not None and plan.step_seconds > 0
+    assert all(t.step_seconds is None or t.step_seconds > 0 for t in plan.timed)
+    assert close(grads, jax.grad(loss)(*mlp_args)) and np.allclose(value, loss(*mlp_args), rtol=1e-6)

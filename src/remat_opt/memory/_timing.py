@@ -123,7 +123,8 @@ def example_arguments(specs: tuple) -> tuple:
             value = jnp.zeros(spec.shape, spec.dtype)
         return jax.device_put(value, sharding) if sharding is not None else value
 
-    return jax.tree_util.tree_map(make, specs)
+    with jax.ensure_compile_time_eval():  # concrete arrays, also when a plan is made under jit's trace
+        return jax.tree_util.tree_map(make, specs)
 
 
 def step_seconds(compiled: Compiled, inputs: tuple, repeats: int = 5) -> float | None:
@@ -155,8 +156,9 @@ def device_ridge(dtype: Any = jnp.float32) -> float:
     key = (jax.default_backend(), jnp.dtype(dtype).name)
     if key not in _RIDGES:
         n = 512 if key[0] == "cpu" else 4096
-        a = jnp.ones((n, n), dtype)
-        x = jnp.ones((4 * n * n,), dtype)
+        with jax.ensure_compile_time_eval():  # arrays, not tracers, under a trace
+            a = jnp.ones((n, n), dtype)
+            x = jnp.ones((4 * n * n,), dtype)
         matmul = _seconds(jax.jit(lambda a: a @ a), a)
         scale = _seconds(jax.jit(lambda x: x * 1.5 + 1.0), x)
         flops_per_second = 2.0 * n ** 3 / matmul
@@ -172,11 +174,13 @@ def _seconds(fn: Callable[..., Any], *args: Any, repeats: int = 5) -> float:
 
 def _run_times(run: Callable[[], Any], repeats: int) -> list[float]:
     """The wall times of ``repeats`` runs of ``run``, each to completion on the device, after one
-    run to warm up."""
-    jax.block_until_ready(run())
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
+    run to warm up. Run, not staged, also where the plan is made inside a trace (a step planned
+    when ``jax.jit`` first traces it)."""
+    with jax.ensure_compile_time_eval():
         jax.block_until_ready(run())
-        times.append(time.perf_counter() - started)
+        times = []
+        for _ in range(repeats):
+            started = time.perf_counter()
+            jax.block_until_ready(run())
+            times.append(time.perf_counter() - started)
     return times
