@@ -214,10 +214,12 @@ def test_a_device_too_small_for_every_candidate_is_refused_saying_so(mlp_args, m
     def no_room(compiled):
         raise RuntimeError("RESOURCE_EXHAUSTED: Ran out of memory in memory space hbm")
 
+    # The step-time search's compiles, and the FLOP search's it falls back to.
     monkeypatch.setattr(_timing, "memory_of", no_room)
+    monkeypatch.setattr("remat_opt.planner._mesh.memory_of", no_room)
 
-    def loss(params, x):  # a function of its own: nothing measured for it in this process
-        return residual_mlp(params, x)
+    def loss(params, x):  # a program of its own: nothing measured of it in this process
+        return 1.5 * residual_mlp(params, x)
 
     budget = remat_opt.peak_bytes(residual_mlp, *mlp_args)
     with pytest.raises(remat_opt.InfeasibleBudgetError) as err:
@@ -236,6 +238,57 @@ def test_candidates_that_lower_to_one_module_are_compiled_once(mlp_args):
     a, b, c = _timing.compile_steps([residual_mlp, twin, other], mlp_args, {}, 0, False)
     assert a is b and a is not c
     assert a.peak_bytes == remat_opt.peak_bytes(residual_mlp, *mlp_args)
+
+
+def widening_chain(params, x):
+    """Matmuls of differing widths: no two alike, so no layers and no scan for the search to find."""
+    for w in params:
+        x = jnp.tanh(x @ w)
+    return jnp.mean(x ** 2)
+
+
+def test_where_no_candidate_fits_the_flop_search_plans_and_its_step_is_timed():
+    widths = [64, 128, 96, 160, 80, 112, 64]
+    keys = jax.random.split(jax.random.PRNGKey(3), len(widths))
+    params = [jax.random.normal(k, (a, b)) / a ** 0.5 for k, a, b in zip(keys, widths[:-1], widths[1:])]
+    x = jax.random.normal(jax.random.PRNGKey(4), (1024, 64))
+    plain = remat_opt.peak_bytes(widening_chain, params, x)
+    budget = int(0.9 * plain)  # under the program as written: the step-time search has nothing else
+    plan = remat_opt.optimize(widening_chain, budget, objective="time", cache=False).plan(params, x)
+    assert plan.layer_plan is None and plan.loop_plan is None and plan.status in ("OPTIMAL", "FEASIBLE")
+    assert plan.measured_peak_bytes <= budget and plan.step_seconds is not None and plan.step_seconds > 0
+    step = remat_opt.optimize(widening_chain, budget, objective="time", cache=False)
+    assert remat_opt.peak_bytes(step, params, x) <= budget
+    assert close(jax.grad(step)(params, x), jax.grad(widening_chain)(params, x))
+
+
+def test_a_schedule_the_device_cannot_fit_is_a_figure_not_a_crash(monkeypatch):
+    # The FLOP search's measurements on a device smaller than the plain step: XLA's out-of-memory
+    # error is a peak no budget admits, and the search goes on to a plan that fits.
+    from remat_opt.planner import _mesh
+
+    widths = [64, 128, 96, 160, 80, 112, 64]
+    keys = jax.random.split(jax.random.PRNGKey(5), len(widths))
+    params = [jax.random.normal(k, (a, b)) / a ** 0.5 for k, a, b in zip(keys, widths[:-1], widths[1:])]
+    x = jax.random.normal(jax.random.PRNGKey(6), (1024, 64))
+    plain = remat_opt.peak_bytes(widening_chain, params, x)
+    device, real = int(0.95 * plain), _mesh.memory_of
+
+    def small_device(compiled):
+        peak = real(compiled)
+        if peak > device:
+            raise RuntimeError(f"RESOURCE_EXHAUSTED: Ran out of memory in memory space hbm: {peak} bytes")
+        return peak
+
+    monkeypatch.setattr(_mesh, "memory_of", small_device)
+
+    def loss(params, x):  # a function of its own: nothing measured of it before
+        return widening_chain(params, x)
+
+    budget = int(0.9 * plain)
+    plan = remat_opt.optimize(loss, budget, objective="flops", cache=False).plan(params, x)
+    assert plan.measured_peak_bytes <= budget
+    assert _mesh.beyond_device() > device
 
 
 def test_a_step_first_planned_under_jit_runs_its_candidates_on_the_device(mlp_args):

@@ -16,11 +16,13 @@ from typing import Any
 
 import jax
 
-from .._errors import InfeasibleBudgetError
+from .._errors import InfeasibleBudgetError, InvalidBudgetError
+from .._options import device_memory
 from .._plan import Plan
 from ..memory._compiles import PEAK_FIGURES_ONLY, compile_for_figures, compiled_figures, peak_as_jit_compiles
 from ..memory._measure import abstract, memory_of, traced_step
 from ..memory._sharded import Partitioned, collective_bytes, collective_decisions
+from ..memory._timing import out_of_memory
 from ..program._cost import Interconnect
 from ..program._graph import ProgramGraph
 from ..program._static import combine, mesh_sharding, split
@@ -35,7 +37,9 @@ def measurer(args: tuple, kwargs: dict, nums: Any, has_aux: bool, collectives: d
     ``collectives`` (a sharded program), each program's collective bytes too,
     by its id (the programs are kept alive while the ids stand for them).
     With ``figures_only``, each program is compiled with
-    :data:`remat_opt.memory._compiles.FIGURES_ONLY`: the same figures, sooner."""
+    :data:`remat_opt.memory._compiles.FIGURES_ONLY`: the same figures, sooner.
+    A program XLA cannot fit into the device (``RESOURCE_EXHAUSTED``) measures
+    :func:`beyond_device`: it fits no budget the device holds, and is no crash."""
     measured: list[Callable[..., Any]] = []
 
     def compiled(lowered: Any) -> Any:
@@ -51,6 +55,14 @@ def measurer(args: tuple, kwargs: dict, nums: Any, has_aux: bool, collectives: d
     suffix = ", figures only" if figures_only else ""
 
     def measure(f: Callable[..., Any]) -> int:
+        try:
+            return figure_of(f)
+        except Exception as err:  # noqa: BLE001 - only XLA's out-of-memory is a figure
+            if not out_of_memory(err):
+                raise
+            return beyond_device()
+
+    def figure_of(f: Callable[..., Any]) -> int:
         lowered = traced_step(f, args, kwargs, nums, has_aux).lower()
         if collectives is None:
             return compiled_figures(lowered, PEAK_FIGURES_ONLY, peak) if figures_only else \
@@ -60,6 +72,15 @@ def measurer(args: tuple, kwargs: dict, nums: Any, has_aux: bool, collectives: d
         return figure
 
     return measure
+
+
+def beyond_device() -> int:
+    """A peak no budget the device holds admits: one byte past its memory, or, on a device that
+    reports none, past any."""
+    try:
+        return device_memory() + 1
+    except InvalidBudgetError:
+        return 2 ** 62
 
 
 def per_device_error(err: InfeasibleBudgetError, args: tuple, kwargs: dict,

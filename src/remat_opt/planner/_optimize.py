@@ -46,7 +46,7 @@ from ._refusal import nothing_fits
 from .._schedule import Schedule, Simulation
 from ._search_state import Measure, Modelled, Outcome, Search
 from ._steering import Steering, steered_plan
-from ._timed import TimedCall, timed_plan
+from ._timed import TimedCall, timed_plan, with_step_time
 from ._layer_policies import cheapest_fitting, counted_layer_policies
 from ._verify import verified
 from ..memory._measure import Signature, gradient_flops, signature
@@ -131,16 +131,35 @@ class OptimizedFunction:
         return self._cache[key]
 
     def _timed_plan(self, call: Call) -> Planned:
-        """The fastest plan that fits, measured on the device (:mod:`remat_opt.planner._timed`)."""
+        """The fastest plan that fits, measured on the device (:mod:`remat_opt.planner._timed`).
+
+        Where none of the step-time search's candidates fits (they are per-layer and per-body
+        plans, and a program may have no layers), the FLOP search's plan, whose schedules reach
+        lower, with its step time measured on the device; if that search refuses too, the
+        refusal that names the lower peak."""
         _refuse_under_floor(call)
-        return timed_plan(TimedCall(call.fn, call.args, call.kwargs, call.argnums, call.nums, call.has_aux,
-                                    call.budget, call.options.cost_model))
+        timed = TimedCall(call.fn, call.args, call.kwargs, call.argnums, call.nums, call.has_aux,
+                          call.budget, call.options.cost_model)
+        try:
+            return timed_plan(timed)
+        except InfeasibleBudgetError as refused:
+            logger.info("step-time search: nothing fits %s; the FLOP search's schedules", format_bytes(call.budget))
+            try:
+                planned = self._flop_plan(call)
+            except InfeasibleBudgetError as err:
+                raise min((err, refused), key=lambda e: e.min_budget_bytes) from None
+        progress.stage("timing the FLOP search's plan on the device")
+        return with_step_time(timed, planned)
 
     def _make_plan(self, call: Call) -> Planned:
         """The plan of ``call``'s search (the plan cache's way in is :func:`remat_opt.cache._restore.cached_or_new_plan`)."""
-        options = call.options
-        if options.minimises_time():
+        if call.options.minimises_time():
             return self._timed_plan(call)
+        return self._flop_plan(call)
+
+    def _flop_plan(self, call: Call) -> Planned:
+        """The plan that fits with the fewest recomputed FLOPs (:meth:`_search`), verified as jit compiles it."""
+        options = call.options
         traced = trace(self.fn, call.args, call.kwargs, call.argnums, options.unroll_scans)
         # fn as written, loops whole: what a plain plan and the loop plans run.
         whole = call.whole_as(traced)

@@ -169,6 +169,16 @@ def timed_plan(call: TimedCall) -> tuple[Plan, Callable[..., Any]]:
     return _plan(call, traced, best, first[0], tried, time.perf_counter() - started), best.program
 
 
+def with_step_time(call: TimedCall, planned: tuple[Plan, Callable[..., Any]]) -> tuple[Plan, Callable[..., Any]]:
+    """``planned`` (a plan of another search) with its median step time on the device."""
+    plan, program = planned
+    compiled = compile_steps([program], call.args, call.kwargs, call.nums, call.has_aux)[0]
+    if compiled.executable is None:  # XLA fit it at planning: only a device that changed refuses it now
+        return planned
+    seconds = step_seconds(compiled, example_arguments(compiled.step_args), call.repeats)
+    return dataclasses.replace(plan, step_seconds=seconds), program
+
+
 class _Search:
     """The candidates of one call, built on its traced program and measured on the device."""
 
