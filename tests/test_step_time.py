@@ -304,3 +304,50 @@ def test_a_step_first_planned_under_jit_runs_its_candidates_on_the_device(mlp_ar
     assert plan.fits and plan.step_seconds is not None and plan.step_seconds > 0
     assert all(t.step_seconds is None or t.step_seconds > 0 for t in plan.timed)
     assert close(grads, jax.grad(loss)(*mlp_args)) and np.allclose(value, loss(*mlp_args), rtol=1e-6)
+
+
+def test_a_candidate_estimated_over_the_budget_is_not_compiled(mlp_args):
+    # The estimate of a per-layer plan, from peaks XLA measured: the least-memory uniform plan's,
+    # plus per layer its policy's share of what that policy's uniform plan (or the plain step) adds.
+    import dataclasses
+    from remat_opt.memory._timing import Compiled
+    from remat_opt.planner._timed import OVER_ESTIMATE, Candidate, TimedCall, _Search
+
+    traced = trace(residual_mlp, mlp_args, {}, (0,))
+    layers = layers_of(traced)
+    assert layers is not None and layers.count == LAYERS
+    peaks = {"plain": 1000, "every layer nothing_saveable": 200, "every layer dots_with_no_batch_dims_saveable": 400,
+             "every layer dots_saveable": 600}
+
+    def search(budget):
+        call = TimedCall(residual_mlp, mlp_args, {}, (0,), 0, False, budget)
+        s = _Search(call, traced, layers)
+        measured = [dataclasses.replace(c, compiled=Compiled(None, peaks[c.label], 0.0, None, ()))
+                    for c in [Candidate("plain", residual_mlp), *s.uniform(fenced=False)]]
+        return s, measured
+
+    s, measured = search(500)
+    mix = ["nothing_saveable", "dots_with_no_batch_dims_saveable", "dots_saveable", None]
+    assert s.estimate(measured, mix) == 200 + (0 + 200 + 400 + 800) / LAYERS
+    assert s.estimate(measured, ["nothing_saveable"] * 3 + [40.0]) == 240
+    over = s._mix("nothing_saveable", "dots_saveable", 2, last_plain=True, measured=measured)
+    under = s._mix("nothing_saveable", "dots_saveable", 1, last_plain=False, measured=measured)
+    assert (over.estimate, under.estimate) == (200 + (2 * 400 + 800) / LAYERS, 200 + 400 / LAYERS)
+    assert over.estimate > OVER_ESTIMATE * 500 >= under.estimate
+    assert s.within_reach([over, under]) == [under]
+    # Without the peaks it needs, no estimate, and the candidate is compiled.
+    assert s.estimate(measured[:2], ["dots_saveable"] * LAYERS) is None
+
+
+def test_a_timed_plans_estimate_is_near_xlas_peak(mlp_args):
+    def loss(params, x):  # a program of its own: nothing measured of it in this process
+        return 0.75 * residual_mlp(params, x)
+
+    plain = remat_opt.peak_bytes(loss, *mlp_args)
+    estimated = 0
+    for share in (0.9, 0.7, 0.5):
+        plan = remat_opt.optimize(loss, int(share * plain), objective="time", cache=False).plan(*mlp_args)
+        if plan.predicted_peak_bytes is not None:  # the winner was an estimated candidate
+            estimated += 1
+            assert abs(plan.predicted_peak_bytes / plan.measured_peak_bytes - 1) < 0.2, plan
+    assert estimated >= 1

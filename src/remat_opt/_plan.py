@@ -59,7 +59,9 @@ class Plan:
             ``decision`` and ``segment`` are ``None`` when ``schedule`` is.
         budget_bytes: the budget asked for.
         predicted_peak_bytes: the model's peak for this plan; ``None`` for a
-            strategy the model does not describe (a JAX checkpoint policy).
+            strategy the model does not describe (a JAX checkpoint policy). For a plan of
+            the step-time search, its estimate before it was compiled
+            (:meth:`remat_opt.planner._timed._Search.estimate`), where it had one.
         measured_peak_bytes: XLA's peak (``remat_opt.peak_bytes``) for this plan.
         plain_peak_bytes: XLA's peak for the function as written.
         recompute_flops: FLOPs recomputed, by the model (for a strategy

@@ -35,7 +35,10 @@ user's code, and then goes between them:
    peaks of the per-layer dot policies), and in shares of those bytes
    (:data:`CAP_SHARES`): the device, not the model, says whether saving more pays.
 
-Steps 3 and 4 are compiled together, and run where they fit.
+Steps 3 and 4 are compiled together, and run where they fit. Before it is compiled, each of
+their per-layer candidates is given an estimate of XLA's peak, from the peaks step 2 measured
+(:meth:`_Search.estimate`); one estimated well over the budget (:data:`OVER_ESTIMATE`) is not
+compiled, and the returned plan's ``predicted_peak_bytes`` is its estimate.
 
 The fastest candidate that fits is the plan, among these and every candidate this process
 measured for the same function and arguments at other budgets (so that a larger budget is never
@@ -92,6 +95,11 @@ CAP_SHARES = (1.0, 0.75, 0.5, 0.25)
 candidate each. Saving more is not always faster on the device (a stored value is written and read
 back, in a layout the compiler picks), which the model does not price: the device decides."""
 
+OVER_ESTIMATE = 1.05
+"""A candidate whose estimated peak (:meth:`_Search.estimate`) is above this share of the budget is
+not compiled: the estimate interpolates peaks XLA measured, and a miss past this margin is a
+candidate that would not fit."""
+
 UNDONE = 0.75
 """A per-layer checkpoint that saves nothing but peaks above this share of the plain program's may
 have been undone by the compiler; the fenced ones are then measured too."""
@@ -115,6 +123,7 @@ class Candidate:
     loop_plan: LoopPlan | None = None
     compiled: Compiled | None = None
     step_seconds: float | None = None
+    estimate: int | None = None
 
     @property
     def peak_bytes(self) -> int | None:
@@ -153,12 +162,12 @@ def timed_plan(call: TimedCall) -> tuple[Plan, Callable[..., Any]]:
     first = search.measure([Candidate("plain", call.fn), *search.uniform(fenced=False), *search.loops()])
     # The fenced layers, if the compiler may have undone the bare ones, beside the bare family's next round.
     fenced = search.uniform(fenced=True) if search.maybe_undone(first) else []
-    tried = first + search.measure(search.between(first) + search.saves_by_time(first)
+    tried = first + search.measure(search.within_reach(search.between(first) + search.saves_by_time(first))
                                    + search.body_saves_by_time(first) + fenced)
     if fenced:
         search.choose_family(tried)
         if search.fenced:  # its own next round
-            tried += search.measure(search.between(tried) + search.saves_by_time(tried))
+            tried += search.measure(search.within_reach(search.between(tried) + search.saves_by_time(tried)))
     tried += search.measure(search.recalled(tried))
     fitting = [c for c in tried if c.step_seconds is not None]
     if not fitting:
@@ -187,11 +196,46 @@ class _Search:
         self.fenced = False
         self._inputs: tuple | None = None
 
-    def layer_candidate(self, per_layer: Sequence[StagePolicy], label: str, fenced: bool) -> Candidate:
+    def layer_candidate(self, per_layer: Sequence[StagePolicy], label: str, fenced: bool,
+                        estimate: float | None = None) -> Candidate:
         assert self.layers is not None
         plan = per_layer_plan(self.layers, per_layer, fenced)
         program = with_signature(self.call.fn, self.traced, layer_program(self.traced, plan))
-        return Candidate(label + (" (fenced)" if fenced else ""), program, layer_plan=plan)
+        return Candidate(label + (" (fenced)" if fenced else ""), program, layer_plan=plan,
+                         estimate=None if estimate is None else round(estimate))
+
+    def within_reach(self, candidates: list[Candidate]) -> list[Candidate]:
+        """``candidates`` but those estimated above :data:`OVER_ESTIMATE` of the budget."""
+        limit = OVER_ESTIMATE * self.call.budget
+        kept = [c for c in candidates if c.estimate is None or c.estimate <= limit]
+        for c in candidates:
+            if c not in kept:
+                logger.info("candidate %s: estimated at %s, over the budget: not compiled", c.label,
+                            format_bytes(c.estimate or 0))
+        return kept
+
+    def estimate(self, measured: list[Candidate], per_layer: Sequence[StagePolicy | float]) -> float | None:
+        """XLA's peak for the layers under ``per_layer``, before it is compiled: the least-memory
+        uniform plan's measured peak, plus for each layer what its policy adds to it, read off the
+        measured peaks as a per-layer share (a built-in policy: its uniform plan's peak over the
+        least; as written: the plain program's over the least; a number: bytes it saves, as XLA
+        counts them). ``None`` where a peak it needs was not measured."""
+        assert self.layers is not None
+        uniform, count = self._uniform_of(measured), self.layers.count
+        least = uniform.get(LADDER[0])
+        plain = next((c for c in measured if c.label == "plain"), None)
+        if least is None or least.peak_bytes is None:
+            return None
+        total = float(least.peak_bytes)
+        for policy in per_layer:
+            if isinstance(policy, float):
+                total += policy
+                continue
+            top = plain if policy is None else uniform.get(policy)
+            if top is None or top.peak_bytes is None:
+                return None
+            total += (top.peak_bytes - least.peak_bytes) / count
+        return total
 
     def uniform(self, fenced: bool) -> list[Candidate]:
         """Every layer under one policy of :data:`LADDER`, for each."""
@@ -236,7 +280,7 @@ class _Search:
             return []
         low = max(fits, key=LADDER.index)  # the fitting policy that saves the most
         count = self.layers.count
-        out = [self._mix(low, None, 0, last_plain=True)]
+        out = [self._mix(low, None, 0, last_plain=True, measured=measured)]
         up = next((p for p in LADDER[LADDER.index(low) + 1:] if p in uniform), None)
         plain = next((c for c in measured if c.label == "plain"), None)
         top = uniform[up] if up is not None else plain
@@ -246,8 +290,9 @@ class _Search:
         # XLA's peaks of the two uniform plans, read as a cost per layer moved up the ladder.
         k = min(count - 1, int((self.call.budget - low_peak) * count // (top_peak - low_peak)))
         if k >= 1:
-            out.append(self._mix(low, up, k, last_plain=False))
-        out += [self._mix(low, up, j, last_plain=True) for j in (k - 1, k - 2) if 1 <= j <= count - 2]
+            out.append(self._mix(low, up, k, last_plain=False, measured=measured))
+        out += [self._mix(low, up, j, last_plain=True, measured=measured) for j in (k - 1, k - 2)
+                if 1 <= j <= count - 2]
         return out
 
     def saves_by_time(self, measured: list[Candidate]) -> list[Candidate]:
@@ -267,15 +312,21 @@ class _Search:
         caps = _caps(allowance)
         out: list[Candidate] = []
         seen: set[frozenset[int]] = set()
+        last_as_written = False
         for cap, saved in zip(caps, layer_saves(graph, self.layers, caps) if caps else []):
             if not saved or saved in seen:
                 continue
             seen.add(saved)
             names: list[StagePolicy] = list(layer_names(graph, self.layers, saved))
+            added = [scale * b for b in _layer_bytes(graph, self.layers, saved)]
             label = f"every layer saving {len(saved)} values chosen by time in {format_bytes(cap)}"
-            out.append(self.layer_candidate(names, label, self.fenced))
-            if len(out) == 1:
-                out.append(self.layer_candidate(names[:-1] + [None], label + ", the last as written", self.fenced))
+            out.append(self.layer_candidate(names, label, self.fenced, self.estimate(measured, added)))
+            # The last layer as written too, at the largest share where that is estimated to fit.
+            last = self.estimate(measured, added[:-1] + [None])
+            if not last_as_written and (last is None or last <= self.call.budget):
+                last_as_written = True
+                out.append(self.layer_candidate(names[:-1] + [None], label + ", the last as written", self.fenced,
+                                                last))
         return out
 
     def body_saves_by_time(self, measured: list[Candidate]) -> list[Candidate]:
@@ -316,7 +367,8 @@ class _Search:
                 out[c.layer_plan.policies[stages[0]]] = c
         return out
 
-    def _mix(self, low: StagePolicy, up: StagePolicy, k: int, last_plain: bool) -> Candidate:
+    def _mix(self, low: StagePolicy, up: StagePolicy, k: int, last_plain: bool,
+             measured: list[Candidate]) -> Candidate:
         """``k`` layers under ``up`` after the others under ``low``, then, if ``last_plain``, the last
         layer as written."""
         assert self.layers is not None
@@ -324,7 +376,8 @@ class _Search:
         per_layer = [low] * rest + [up] * k + [None] * int(last_plain)
         parts = [f"{rest} x {low}"] + ([f"{k} x {up or 'as written'}"] if k else [])
         parts += ["the last as written"] if last_plain else []
-        return self.layer_candidate(per_layer, "layers: " + ", then ".join(parts), self.fenced)
+        return self.layer_candidate(per_layer, "layers: " + ", then ".join(parts), self.fenced,
+                                    self.estimate(measured, per_layer))
 
     def measure(self, candidates: list[Candidate]) -> list[Candidate]:
         """Each candidate compiled for its peak (in parallel); those that fit the budget, run for their time.
@@ -348,8 +401,9 @@ class _Search:
                 seconds = timed[id(result)]
                 known[candidate.label] = (result, seconds, candidate)
             fits = result.peak_bytes is not None and result.peak_bytes <= call.budget
-            logger.info("candidate %s: peak %s, compiled in %.1f s, step %s", candidate.label,
+            logger.info("candidate %s: peak %s%s, compiled in %.1f s, step %s", candidate.label,
                         "does not fit the device" if result.peak_bytes is None else format_bytes(result.peak_bytes),
+                        "" if candidate.estimate is None else f" (estimated {format_bytes(candidate.estimate)})",
                         result.seconds, f"{1e3 * seconds:.2f} ms" if fits and seconds else "not run")
             out.append(dataclasses.replace(candidate, compiled=result, step_seconds=seconds if fits else None))
         return out
@@ -390,6 +444,17 @@ def _dot_bytes(graph: ProgramGraph, spans: Sequence[tuple[int, int]] | None = No
                    if spans is None or any(lo <= graph.position_of(v) < hi for lo, hi in spans)}
         out[policy] = sum(graph.node_bytes[b] for b in buffers)
     return out
+
+
+def _layer_bytes(graph: ProgramGraph, layers: Layers, saved: frozenset[int]) -> list[int]:
+    """Per layer, the bytes of the values of ``saved`` it makes (each buffer once)."""
+    buffers: list[set[int]] = [set() for _ in range(layers.count)]
+    spans = layers.spans()
+    for v in saved:
+        k = next((k for k, (lo, hi) in enumerate(spans) if lo <= graph.position_of(v) < hi), None)
+        if k is not None:
+            buffers[k].add(graph.buffer[v])
+    return [sum(graph.node_bytes[b] for b in bs if b >= 0) for bs in buffers]
 
 
 def _xla_bytes_per_model_byte(model_bytes: dict[str, int], peaks: dict[str, int | None], least_peak: int) -> float:
@@ -455,7 +520,7 @@ def _plan(call: TimedCall, traced: TracedProgram, best: Candidate, plain: Candid
         best.program, call.args, call.kwargs, call.nums, call.cost_model, call.has_aux)
     order = sorted(tried, key=lambda c: (c.step_seconds is None, c.step_seconds or 0.0))
     return Plan(
-        graph=annotate(graph, sim), budget_bytes=call.budget, predicted_peak_bytes=None,
+        graph=annotate(graph, sim), budget_bytes=call.budget, predicted_peak_bytes=best.estimate,
         measured_peak_bytes=best.peak_bytes, plain_peak_bytes=plain.peak_bytes,
         recompute_flops=flops - baseline, measured_recompute_flops=flops - baseline, baseline_flops=baseline,
         status="TIMED", gap=1.0, solve_seconds=seconds, attempts=len(tried), schedule=Schedule(plain=True),
