@@ -197,9 +197,14 @@ def baseline_rows(name: str, loss: Callable, args: tuple, menu: dict[str, Callab
     for r, ms in zip(ready, medians([executables[r["strategy"]] for r in ready], args, repeats)):
         r["step_ms"] = round(1e3 * ms, 3)
     want = executables["plain"](*args)[1] if "plain" in executables else None
-    reference = reference_gradients(loss, args)
+    try:
+        reference = reference_gradients(loss, args)
+    except Exception as err:  # noqa: BLE001 - a reference the device cannot hold beside the rest: no column
+        print(f"  no float32-precision reference: {type(err).__name__}: {str(err)[:200]}", flush=True)
+        reference = None
     for r in ready:
-        r["grad_error_vs_highest"] = float(f"{relative_error(executables[r['strategy']](*args)[1], reference):.3g}")
+        if reference is not None:
+            r["grad_error_vs_highest"] = float(f"{relative_error(executables[r['strategy']](*args)[1], reference):.3g}")
     return rows, executables, (want, reference)
 
 
@@ -228,7 +233,8 @@ def plan_row(name: str, loss: Callable, args: tuple, budget: int, budget_name: s
     want, reference = gradients
     grads = executable(*args)[1]
     row["grad_error_over_tolerance"] = round(grad_error(grads, want, *tolerance), 4)
-    row["grad_error_vs_highest"] = float(f"{relative_error(grads, reference):.3g}")
+    if reference is not None:
+        row["grad_error_vs_highest"] = float(f"{relative_error(grads, reference):.3g}")
     if best is None:
         row["step_ms"] = round(1e3 * medians([executable], args, repeats)[0], 3)
         return row
