@@ -257,6 +257,7 @@ def test_where_no_candidate_fits_the_flop_search_plans_and_its_step_is_timed():
     plan = remat_opt.optimize(widening_chain, budget, objective="time", cache=False).plan(params, x)
     assert plan.layer_plan is None and plan.loop_plan is None and plan.status in ("OPTIMAL", "FEASIBLE")
     assert plan.measured_peak_bytes <= budget and plan.step_seconds is not None and plan.step_seconds > 0
+    assert "none of the step-time search's candidates fit" in plan.report()
     step = remat_opt.optimize(widening_chain, budget, objective="time", cache=False)
     assert remat_opt.peak_bytes(step, params, x) <= budget
     assert close(jax.grad(step)(params, x), jax.grad(widening_chain)(params, x))

@@ -252,11 +252,15 @@ class Plan:
         )
 
     def _time_summary(self) -> str:
-        """Where the plan was chosen by step time: its step against the plain program's."""
+        """Where the step was timed: its step, against the plain program's, and of how many
+        candidates of the step-time search (none where nothing of it fit, and the FLOP search's
+        plan was timed instead)."""
         if self.step_seconds is None:
             return ""
         plain = "" if self.plain_step_seconds is None else f" (plain {1e3 * self.plain_step_seconds:.2f} ms)"
-        return f"; step {1e3 * self.step_seconds:.2f} ms on {len(self.timed)} candidate(s) measured{plain}"
+        among = f" on {len(self.timed)} candidate(s) measured" if self.timed else \
+            " (none of the step-time search's candidates fit)"
+        return f"; step {1e3 * self.step_seconds:.2f} ms{among}{plain}"
 
     def _collective_summary(self) -> str:
         """On a mesh: the collective bytes XLA counts, and per collective equation its decision."""
