@@ -98,8 +98,8 @@ back, in a layout the compiler picks), which the model does not price: the devic
 OVER_ESTIMATE = 1.1
 """A candidate whose estimated peak (:meth:`_Search.estimate`) is above this share of the budget is
 not compiled. The estimate adds per-layer shares of peaks XLA measured, as if each layer's cost
-were its own; on the TPU v5e's policy mixes it was within 4% of XLA's, so only a candidate
-clearly over the budget is dropped."""
+were its own, so only a candidate clearly over the budget is dropped (its accuracy on the TPU:
+docs/measurements.md, "After the session-45 runs")."""
 
 UNDONE = 0.75
 """A per-layer checkpoint that saves nothing but peaks above this share of the plain program's may
