@@ -17,6 +17,7 @@ from known_programs import (Dot, KeepSet, KnownProgram, answers, best_fitting, c
                             graph_of, keep_set_schedule, monotone, pareto_budgets)
 from remat_opt.cache import _front
 from remat_opt.memory._measure import gradient_flops
+from remat_opt.memory._simulate import simulate
 from remat_opt.rewrite._apply import apply_schedule
 from remat_opt.solve._keep_sets import keep_set_schedules, measured_keep_set
 
@@ -182,3 +183,25 @@ def test_an_evaluation_seed_that_drove_a_change_is_development_and_replaced():
     for family, moved in MOVED_TO_DEV.items():
         held_out, dev = seeds_of(family, True), seeds_of(family, False)
         assert len(held_out) == len(EVAL_SEEDS) and not set(moved) & set(held_out) and set(moved) <= set(dev)
+
+
+def test_the_second_look_measures_each_keep_set_once_across_segmentations():
+    """Segmentations that differ only by where an elementwise equation falls measure alike: a
+    keep-set is looked at on one of them, and the looks reach the cheapest one that fits."""
+    program = chain((4, 4, 4, 4), ks=(1, 2, 3, 4))
+    graph = graph_of(program)
+    names = sorted(keep_set_schedules(graph)[-1].saved)
+    target = frozenset(names[:3])  # past the keep-sets that recompute less than it, and their twins
+    budget = min(simulate(graph, s).peak_bytes for s in keep_set_schedules(graph) if s.saved == target)
+    calls: list[remat_opt.Schedule] = []
+
+    def measure(schedule: remat_opt.Schedule) -> int:
+        """The model's peak, exact; but of the keep-sets only the target fits."""
+        calls.append(schedule)
+        peak = simulate(graph, schedule).peak_bytes
+        return peak if schedule.saved in (frozenset(), target) else max(peak, budget + 1)
+
+    found = measured_keep_set(graph, budget, measure)
+    assert found is not None and found[0].saved == target and found[1] <= budget
+    kept = [s.saved for s in calls if s.saved]
+    assert len(kept) == len(set(kept))  # each keep-set measured once

@@ -99,8 +99,10 @@ def measured_keep_set(graph: ProgramGraph, budget: int, measure: Callable[[Sched
     fits; until one fits, each kept if it lowers XLA's peak, which keeping an output can:
     XLA's peak is not monotone in the kept set); then up to :data:`SECOND_LOOK` keep-sets
     the model puts cheaper, on any segmentation that fits keeping nothing (or the lowest),
-    the cheapest first, unless its peak, corrected by the model's least error on the
-    keep-sets measured, is over by more than :data:`SECOND_LOOK_SLACK`. With ``exhaustive``
+    the cheapest first, each once (segmentations that differ only by where an elementwise
+    equation falls measure alike: a look each would spend the looks on twins), unless its
+    peak, corrected by the model's least error on the keep-sets measured, is over by more
+    than :data:`SECOND_LOOK_SLACK`. With ``exhaustive``
     (nothing else fits: the alternative is a refusal), if none of these fits, the other
     keep-sets of the lowest segmentation, the fewest FLOPs first, up to :data:`EXHAUSTIVE`.
     At most ``4 + ALL_SUBSETS + SECOND_LOOK`` compiles (and :data:`EXHAUSTIVE` more).
@@ -131,23 +133,17 @@ def measured_keep_set(graph: ProgramGraph, budget: int, measure: Callable[[Sched
             chosen, chosen_peak = trial.saved, peak
     # The second look: on every segmentation that fits keeping nothing, and the lowest.
     names = [v for _, v in dots]
-    ranked = []
-    for cuts in errors:
-        for r in range(len(names) + 1):
-            for kept in itertools.combinations(names, r):
-                s = Schedule(cuts=cuts, saved=frozenset(kept))
-                if s not in measured:
-                    sim = simulate(graph, s)
-                    ranked.append((sim.recompute_flops, len(kept), sorted(cuts), sorted(kept), sim.peak_bytes, s))
     least = min(e for es in errors.values() for e in es)  # the model's most generous error here
     ceiling = simulate(graph, best[0]).recompute_flops if best is not None else None
     looks = SECOND_LOOK
-    for flops, *_, predicted, s in sorted(ranked, key=lambda r: r[:4]):
+    looked = {s.saved for s in measured if s.saved}  # each keep-set once: twin segmentations measure alike
+    for flops, s, predicted in _second_look(graph, list(errors), names, measured):
         if looks == 0 or (ceiling is not None and flops >= ceiling):
             break
-        if predicted + least > budget * (1 + SECOND_LOOK_SLACK):
+        if predicted + least > budget * (1 + SECOND_LOOK_SLACK) or s.saved in looked:
             continue
         looks -= 1
+        looked.add(s.saved)
         peak = measure(s)
         measured.add(s)
         if peak <= budget:
@@ -155,6 +151,21 @@ def measured_keep_set(graph: ProgramGraph, budget: int, measure: Callable[[Sched
     if best is None and exhaustive:
         return _first_fitting(graph, budget, measure, bare[0][2], names, measured)
     return best
+
+
+def _second_look(graph: ProgramGraph, segmentations: list[frozenset[int]], names: list[int],
+                 measured: set[Schedule]) -> list[tuple[int, Schedule, int]]:
+    """``(recomputed FLOPs, schedule, predicted peak)`` of every keep-set on every one of
+    ``segmentations`` not yet ``measured``, the fewest FLOPs first."""
+    ranked = []
+    for cuts in segmentations:
+        for r in range(len(names) + 1):
+            for kept in itertools.combinations(names, r):
+                s = Schedule(cuts=cuts, saved=frozenset(kept))
+                if s not in measured:
+                    sim = simulate(graph, s)
+                    ranked.append((sim.recompute_flops, len(kept), sorted(cuts), sorted(kept), sim.peak_bytes, s))
+    return [(flops, s, predicted) for flops, *_, predicted, s in sorted(ranked, key=lambda r: r[:4])]
 
 
 def _first_fitting(graph: ProgramGraph, budget: int, measure: Callable[[Schedule], int], cuts: frozenset[int],
@@ -171,8 +182,9 @@ def _first_fitting(graph: ProgramGraph, budget: int, measure: Callable[[Schedule
     return None
 
 
-SECOND_LOOK = 4
-"""Keep-sets the model puts cheaper than the greedy knapsack's, measured at most."""
+SECOND_LOOK = 8
+"""Keep-sets the model puts cheaper than the greedy knapsack's, measured at most (a compile each
+of a program of at most :data:`ALL_SUBSETS` matmuls)."""
 
 EXHAUSTIVE = 32
 """Keep-sets measured at most, the fewest FLOPs first, before a budget nothing else fits is refused:
