@@ -16,8 +16,8 @@ Seeds: ``--seeds dev`` (``DEV_SEEDS``, looked at while the planner changed) or
 change to the development set and replaces each) or ``fresh`` (``FRESH_SEEDS``, a second held-out
 set fixed in session 46), the first ``--programs`` of them, stopping
 after ``--minutes``; ``--budgets N`` takes at most N of a program's front budgets,
-spread from its lowest to its highest, and ``--max-dots N`` skips the programs of more
-than N matmuls (2**N plans each): on 2 cores the full set takes days.
+spread from its lowest to its highest, and ``--max-dots N`` (``--min-dots N``) skips the
+programs of more (fewer) than N matmuls (2**N plans each): on 2 cores the full set takes days.
 One row per budget to ``<out>/known_<family>_<seeds>.csv``.
 
 Usage:
@@ -59,6 +59,7 @@ def main() -> None:
     parser.add_argument("--first", type=int, default=0, help="skip this many seeds of the range")
     parser.add_argument("--minutes", type=float, default=float("inf"))
     parser.add_argument("--max-dots", type=int, default=8, help="skip the seeds' programs of more matmuls")
+    parser.add_argument("--min-dots", type=int, default=2, help="skip the seeds' programs of fewer matmuls")
     parser.add_argument("--budgets", type=int, default=0,
                         help="at most this many budgets per program, spread over its front (0: all)")
     parser.add_argument("--out", type=Path, default=RESULTS)
@@ -75,7 +76,7 @@ def main() -> None:
         if time.perf_counter() - started > a.minutes * 60:
             break
         program = FAMILIES[a.family](seed)
-        if len(program.dots) > a.max_dots:
+        if not a.min_dots <= len(program.dots) <= a.max_dots:
             continue
         params, x = program.args()
         plain = remat_opt.peak_bytes(program, params, x)
