@@ -66,9 +66,9 @@ import remat_opt
 from remat_opt.rewrite import _policies
 from remat_opt.solve import _chen
 from remat_opt.memory import model_graph
-from remat_opt.memory._measure import abstract
-from remat_opt.rewrite._apply import apply_schedule
-from remat_opt.program._trace import trace
+from remat_opt.memory import abstract
+from remat_opt.rewrite import apply_schedule
+from remat_opt.program import trace
 from remat_opt.zoo import MODELS, GPTConfig, MLPConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

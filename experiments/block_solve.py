@@ -39,9 +39,9 @@ from common import RESULTS, command, stamp, write_csv
 
 from remat_opt._schedule import Schedule
 from remat_opt.memory import model_graph
-from remat_opt.memory._measure import abstract
-from remat_opt.memory._simulate import simulate
-from remat_opt.program._trace import trace
+from remat_opt.memory import abstract
+from remat_opt.memory import simulate
+from remat_opt.program import trace
 from remat_opt.solve._block_solve import _search_of
 from checkmate_reference import (  # noqa: E402
     from_program_graph,
@@ -49,7 +49,7 @@ from checkmate_reference import (  # noqa: E402
     solve_checkmate,
     store_all,
 )
-from remat_opt.solve._solve import SolverOptions, solve
+from remat_opt.solve import SolverOptions, solve
 from remat_opt.zoo import MODELS, GPTConfig
 
 

@@ -20,8 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from known_programs import draw_branches, graph_of, keep_set_schedule  # noqa: E402
 
 import remat_opt  # noqa: E402
-from remat_opt.memory._simulate import simulate  # noqa: E402
-from remat_opt.rewrite._apply import apply_schedule  # noqa: E402
+from remat_opt.memory import simulate  # noqa: E402
+from remat_opt.rewrite import apply_schedule  # noqa: E402
 
 
 def report(seed: int, buffers: bool) -> None:

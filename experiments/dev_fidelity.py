@@ -34,10 +34,10 @@ from schedule_fidelity import baseline_schedules  # noqa: E402
 
 import remat_opt  # noqa: E402
 from remat_opt._schedule import Schedule  # noqa: E402
-from remat_opt.baselines._reference import BaselineCall, Reference, reference  # noqa: E402
+from remat_opt.baselines import BaselineCall, Reference, reference  # noqa: E402
 from remat_opt.memory import _facts  # noqa: E402
-from remat_opt.memory._simulate import simulate  # noqa: E402
-from remat_opt.rewrite._apply import apply_schedule  # noqa: E402
+from remat_opt.memory import simulate  # noqa: E402
+from remat_opt.rewrite import apply_schedule  # noqa: E402
 
 CSV = RESULTS / "dev_fidelity.csv"
 LABELS = ("chen", "chen2", "chen3", "chen4", "greedy0", "greedy3", "greedy6", "revolve0", "revolve1")

@@ -50,7 +50,7 @@ from typing import Any
 import jax
 
 from remat_opt.memory._compiled import compile_dumped
-from remat_opt.memory._measure import abstract, gradient_step
+from remat_opt.memory import abstract, gradient_step
 from remat_opt.zoo import MODELS
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

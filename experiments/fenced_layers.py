@@ -22,8 +22,8 @@ from pathlib import Path
 import jax
 
 import remat_opt
-from remat_opt.memory._measure import gradient_flops
-from remat_opt.rewrite._policies import POLICIES, layer_policy_program
+from remat_opt.memory import gradient_flops
+from remat_opt.rewrite import POLICIES, layer_policy_program
 from remat_opt.zoo import MODELS, GPTConfig, MLPConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, MiB, command, read_csv, stamp, write_csv  # noqa: E402
 from schedule_fidelity import model_reference  # noqa: E402
 
-from remat_opt.memory._simulate import simulate  # noqa: E402
+from remat_opt.memory import simulate  # noqa: E402
 from remat_opt._schedule import Schedule  # noqa: E402
 from remat_opt.zoo import MODELS  # noqa: E402
 

@@ -24,8 +24,8 @@ from pathlib import Path
 import jax
 
 from remat_opt.memory._compiles import FIGURES_ONLY
-from remat_opt.memory._measure import abstract, gradient_step, memory_of
-from remat_opt.rewrite._policies import policy_program
+from remat_opt.memory import abstract, gradient_step, memory_of
+from remat_opt.rewrite import policy_program
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, command, stamp, write_csv  # noqa: E402

@@ -48,7 +48,7 @@ import jax.numpy as jnp
 from heldout_programs import Program, _cross_entropy
 from jax.ad_checkpoint import checkpoint_name
 
-from remat_opt.baselines._maxtext import RECIPES, recipe_policy
+from remat_opt.baselines import RECIPES, recipe_policy
 
 
 @dataclass(frozen=True)

@@ -39,8 +39,8 @@ from typing import Any
 import jax
 
 import remat_opt
-from remat_opt.rewrite._loops import near_sqrt_divisors
-from remat_opt.memory._measure import gradient_flops
+from remat_opt.rewrite import near_sqrt_divisors
+from remat_opt.memory import gradient_flops
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, MiB, command, grad_error_over_tolerance, stamp, write_csv  # noqa: E402

@@ -45,8 +45,8 @@ from typing import Any
 import jax
 
 import remat_opt
-from remat_opt.baselines._maxtext import RECIPES
-from remat_opt.memory._measure import gradient_flops
+from remat_opt.baselines import RECIPES
+from remat_opt.memory import gradient_flops
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, MiB, command, grad_error_over_tolerance, stamp, write_csv

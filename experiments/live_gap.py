@@ -28,9 +28,9 @@ from heldout import SETS  # noqa: E402
 from schedule_fidelity import baseline_schedules  # noqa: E402
 
 import remat_opt  # noqa: E402
-from remat_opt.baselines._reference import BaselineCall, reference  # noqa: E402
-from remat_opt.memory._simulate import simulate  # noqa: E402
-from remat_opt.rewrite._apply import apply_schedule  # noqa: E402
+from remat_opt.baselines import BaselineCall, reference  # noqa: E402
+from remat_opt.memory import simulate  # noqa: E402
+from remat_opt.rewrite import apply_schedule  # noqa: E402
 
 LABELS = ("chen", "greedy0", "greedy1", "revolve0", "revolve1")
 TOLERANCE = 0.05

@@ -23,13 +23,13 @@ import jax
 
 import remat_opt
 from remat_opt.memory import model_graph
-from remat_opt.rewrite._loops import loop_candidates, loop_program, scan_lengths
-from remat_opt.memory._measure import abstract
-from remat_opt.memory._calibrate import calibrate
-from remat_opt.memory._simulate import simulate
+from remat_opt.rewrite import loop_candidates, loop_program, scan_lengths
+from remat_opt.memory import abstract
+from remat_opt.memory import calibrate
+from remat_opt.memory import simulate
 from remat_opt.program._trace import with_signature
 from remat_opt._schedule import Schedule
-from remat_opt.program._trace import trace
+from remat_opt.program import trace
 from remat_opt.zoo import gpt
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

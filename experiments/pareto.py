@@ -51,10 +51,10 @@ VERDICT = {True: "yes", False: "NO", None: "not run"}
 def program_of(spec, plan: remat_opt.Plan, params, batch):
     """The program a baseline plan measured, rebuilt to time it."""
     from remat_opt.memory import model_graph
-    from remat_opt.memory._measure import abstract
-    from remat_opt.rewrite._apply import apply_schedule
-    from remat_opt.rewrite._policies import layer_policy_program, policy_program
-    from remat_opt.program._trace import trace
+    from remat_opt.memory import abstract
+    from remat_opt.rewrite import apply_schedule
+    from remat_opt.rewrite import layer_policy_program, policy_program
+    from remat_opt.program import trace
 
     kind, _, policy = plan.strategy.partition("/")
     if kind == "no_remat":

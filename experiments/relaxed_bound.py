@@ -37,7 +37,7 @@ from block_solve import gpt_graph
 from common import RESULTS, command, stamp, write_csv
 
 from remat_opt._schedule import Schedule
-from remat_opt.memory._simulate import simulate
+from remat_opt.memory import simulate
 from remat_opt.solve._block_solve import block_start
 from remat_opt.solve._encoding import Encoding, cut_candidates, save_candidates
 from remat_opt.solve._solve import SolverOptions, _run, _solver

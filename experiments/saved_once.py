@@ -22,9 +22,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, command, read_csv, stamp, write_csv  # noqa: E402
 from schedule_fidelity import CSV, model_reference  # noqa: E402
 
-from remat_opt.memory._simulate import simulate  # noqa: E402
+from remat_opt.memory import simulate  # noqa: E402
 from remat_opt.memory._once import once_values  # noqa: E402
-from remat_opt.rewrite._apply import apply_schedule  # noqa: E402
+from remat_opt.rewrite import apply_schedule  # noqa: E402
 from remat_opt._schedule import Schedule  # noqa: E402
 
 

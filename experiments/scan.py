@@ -24,9 +24,9 @@ from pathlib import Path
 import jax
 
 import remat_opt
-from remat_opt.rewrite._loops import near_sqrt_divisors
-from remat_opt.memory._measure import gradient_flops
-from remat_opt.rewrite._policies import POLICIES
+from remat_opt.rewrite import near_sqrt_divisors
+from remat_opt.memory import gradient_flops
+from remat_opt.rewrite import POLICIES
 from remat_opt.zoo import gpt
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -29,8 +29,8 @@ from pathlib import Path
 import jax
 
 import remat_opt
-from remat_opt.baselines._maxtext import RECIPES, recipe_program
-from remat_opt.memory._measure import gradient_flops
+from remat_opt.baselines import RECIPES, recipe_program
+from remat_opt.memory import gradient_flops
 from remat_opt.zoo import gpt
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -30,12 +30,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, command, read_csv, stamp, write_csv  # noqa: E402
 
 import remat_opt  # noqa: E402
-from remat_opt.solve._chen import chen_greedy_candidates, chen_sqrt_n_schedule  # noqa: E402
-from remat_opt.program._graph import ProgramGraph  # noqa: E402
-from remat_opt.memory._simulate import simulate  # noqa: E402
-from remat_opt.solve._nesting import revolve_schedules  # noqa: E402
-from remat_opt.rewrite._apply import apply_schedule  # noqa: E402
-from remat_opt.baselines._reference import BaselineCall, Reference, reference  # noqa: E402
+from remat_opt.solve import chen_greedy_candidates, chen_sqrt_n_schedule  # noqa: E402
+from remat_opt.program import ProgramGraph  # noqa: E402
+from remat_opt.memory import simulate  # noqa: E402
+from remat_opt.solve import revolve_schedules  # noqa: E402
+from remat_opt.rewrite import apply_schedule  # noqa: E402
+from remat_opt.baselines import BaselineCall, Reference, reference  # noqa: E402
 from remat_opt._schedule import Schedule  # noqa: E402
 from remat_opt.zoo import MODELS  # noqa: E402
 

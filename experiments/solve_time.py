@@ -40,11 +40,11 @@ import jax
 
 from remat_opt._errors import InfeasibleBudgetError
 from remat_opt.memory import model_graph
-from remat_opt.memory._measure import abstract
-from remat_opt.memory._simulate import simulate
+from remat_opt.memory import abstract
+from remat_opt.memory import simulate
 from remat_opt._schedule import Schedule
-from remat_opt.solve._solve import SolverOptions, min_peak_schedule, solve
-from remat_opt.program._trace import trace
+from remat_opt.solve import SolverOptions, min_peak_schedule, solve
+from remat_opt.program import trace
 from remat_opt.zoo import MODELS, GPTConfig, MLPConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -35,9 +35,9 @@ import jax
 from jax.sharding import NamedSharding
 
 import remat_opt
-from remat_opt.memory._measure import abstract, gradient_flops, gradient_step
+from remat_opt.memory import abstract, gradient_flops, gradient_step
 from remat_opt.memory._sharded import collective_bytes
-from remat_opt.rewrite._policies import layer_policy_program
+from remat_opt.rewrite import layer_policy_program
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))

@@ -33,8 +33,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import remat_opt
-from remat_opt.memory._measure import gradient_flops
-from remat_opt.rewrite._policies import layer_policy_program
+from remat_opt.memory import gradient_flops
+from remat_opt.rewrite import layer_policy_program
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))

@@ -51,7 +51,7 @@ import jax
 import numpy as np
 
 import remat_opt
-from remat_opt.baselines._maxtext import RECIPES, recipe_program
+from remat_opt.baselines import RECIPES, recipe_program
 from remat_opt.zoo import MODELS, GPTConfig, ResNetConfig
 from remat_opt.zoo.gpt import scan_loss, stack_layers
 
