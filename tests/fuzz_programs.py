@@ -38,10 +38,10 @@ from hypothesis import strategies as st
 
 import remat_opt
 from remat_opt.memory import model_graph
-from remat_opt.memory._simulate import simulate
-from remat_opt.program._trace import trace
-from remat_opt.solve._encoding import cut_candidates, save_candidates
-from remat_opt.solve._solve import SolverOptions, min_peak_schedule, solve
+from remat_opt.memory import simulate
+from remat_opt.program import trace
+from remat_opt.solve import cut_candidates, save_candidates
+from remat_opt.solve import SolverOptions, min_peak_schedule, solve
 
 WIDTHS = (4, 8, 16)
 BATCHES = (16, 32)  # activations larger than weights: remat has something to trade

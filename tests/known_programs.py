@@ -35,10 +35,10 @@ import numpy as np
 
 import remat_opt
 from remat_opt.memory import model_graph
-from remat_opt.memory._measure import gradient_flops
-from remat_opt.program._trace import trace
-from remat_opt.rewrite._apply import apply_schedule
-from remat_opt.solve._policy_saves import dot_names
+from remat_opt.memory import gradient_flops
+from remat_opt.program import trace
+from remat_opt.rewrite import apply_schedule
+from remat_opt.solve import dot_names
 
 DEV_SEEDS = range(0, 100)
 """Generated programs looked at while the planner was changed."""

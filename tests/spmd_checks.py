@@ -55,12 +55,12 @@ except ImportError:
     from jax.experimental.shard_map import shard_map
 
 import remat_opt
-from remat_opt.cache._cache import list_entries
-from remat_opt.baselines._reference import BaselineCall, policy_plan, reference
-from remat_opt.memory._measure import traced_step
+from remat_opt.cache import list_entries
+from remat_opt.baselines import BaselineCall, policy_plan, reference
+from remat_opt.memory import traced_step
 from remat_opt.memory._sharded import collective_bytes
 from remat_opt.program._traced_layout import traced_layout
-from remat_opt.rewrite._policies import layer_policy_program
+from remat_opt.rewrite import layer_policy_program
 from remat_opt.zoo import mlp
 
 CONFIG = mlp.MLPConfig(depth=4, width=256, batch=1024)

@@ -132,6 +132,28 @@ def test_only_one_module_imports_private_jax():
     assert not private, f"import private JAX through {PRIVATE_MODULE} only:\n" + "\n".join(sorted(private))
 
 
+def around_the_faces(root: Path) -> Iterator[str]:
+    """Every ``from remat_opt.P._m import names`` under ``root`` whose names P's face exports."""
+    import importlib
+
+    for path in sorted(root.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if not (isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").count(".") == 2):
+                continue
+            package, private = node.module.rsplit(".", 1)
+            if not (package.split(".")[0] == "remat_opt" and private.startswith("_")):
+                continue
+            face = set(getattr(importlib.import_module(package), "__all__", ()))
+            if all(a.name in face and a.asname is None for a in node.names):
+                yield f"{path.name}:{node.lineno}: from {node.module} import ... (from {package} import ...)"
+
+
+def test_tests_and_experiments_import_what_a_face_exports_from_the_face():
+    root = PACKAGE.parents[1]
+    found = [line for folder in ("tests", "experiments") for line in around_the_faces(root / folder)]
+    assert not found, "import these through the subpackage's face:\n" + "\n".join(found)
+
+
 def test_the_private_module_explains_and_uses_each_name():
     import remat_opt._jax_private as private
 

@@ -9,16 +9,16 @@ import pytest
 
 import remat_opt
 from remat_opt import Schedule, peak_bytes
-from remat_opt.baselines._reference import BaselineCall, reference
+from remat_opt.baselines import BaselineCall, reference
 from remat_opt.memory import model_graph
-from remat_opt.memory._measure import gradient_flops, memory_of
-from remat_opt.memory._calibrate import calibrate
-from remat_opt.memory._simulate import simulate
-from remat_opt.program._trace import trace
-from remat_opt.rewrite._apply import apply_schedule
-from remat_opt.rewrite._policies import POLICIES
-from remat_opt.rewrite._rewrite import fenced_checkpoint
-from remat_opt.solve._chen import articulation_positions, chen_greedy_schedule, chen_sqrt_n_schedule
+from remat_opt.memory import gradient_flops, memory_of
+from remat_opt.memory import calibrate
+from remat_opt.memory import simulate
+from remat_opt.program import trace
+from remat_opt.rewrite import apply_schedule
+from remat_opt.rewrite import POLICIES
+from remat_opt.rewrite import fenced_checkpoint
+from remat_opt.solve import articulation_positions, chen_greedy_schedule, chen_sqrt_n_schedule
 from remat_opt.zoo import MODELS, GPTConfig, UNetConfig
 
 CONFIG = GPTConfig(num_layers=2, d_model=32, num_heads=2, seq_len=32, batch=2, vocab=64)
@@ -265,6 +265,6 @@ class _HalfFlops:
     """Half of the default FLOPs of every equation: another cost model, with other figures."""
 
     def eqn_flops(self, eqn) -> int:
-        from remat_opt.program._cost import FlopCostModel
+        from remat_opt.program import FlopCostModel
 
         return FlopCostModel().eqn_flops(eqn) // 2

@@ -11,12 +11,12 @@ from experiment_scripts import read_rows, run_script
 import remat_opt
 from remat_opt import Schedule
 from remat_opt.memory import model_graph, peak_bytes
-from remat_opt.memory._simulate import simulate
-from remat_opt.program._trace import trace
+from remat_opt.memory import simulate
+from remat_opt.program import trace
 from remat_opt.solve import _block_solve
 from remat_opt.solve._block_solve import CAP_STEPS, ChainSearch, chain_schedule
-from remat_opt.solve._blocks import find_blocks
-from remat_opt.solve._solve import SolverOptions, solve
+from remat_opt.solve import find_blocks
+from remat_opt.solve import SolverOptions, solve
 from remat_opt.zoo import MODELS, GPTConfig
 
 

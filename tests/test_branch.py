@@ -6,8 +6,8 @@ import pytest
 from remat_opt import Schedule
 from remat_opt.memory import _branch
 from remat_opt.memory._simulate import simulate, simulated
-from remat_opt.rewrite._apply import apply_schedule
-from remat_opt.baselines._reference import BaselineCall, reference
+from remat_opt.rewrite import apply_schedule
+from remat_opt.baselines import BaselineCall, reference
 
 WIDTH = 128
 

@@ -20,7 +20,7 @@ import remat_opt.planner._mesh as mesh_module
 import remat_opt.planner._optimize as optimize_module
 import remat_opt.planner._steering as steering_module
 from remat_opt import CacheWarning, peak_bytes
-from remat_opt.cache._cache import list_entries
+from remat_opt.cache import list_entries
 
 FAST = remat_opt.SolverOptions(time_limit_s=60.0, deterministic_time_limit=2.0, num_workers=2)
 

@@ -39,7 +39,7 @@ from checkmate_reference import (  # noqa: E402
     store_all,
 )
 from remat_opt.memory import model_graph
-from remat_opt.program._trace import trace
+from remat_opt.program import trace
 
 ROOT = Path(__file__).resolve().parents[1]
 

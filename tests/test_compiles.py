@@ -8,7 +8,7 @@ from remat_opt import peak_bytes
 from remat_opt.planner._mesh import measurer
 from remat_opt.memory import _compiles
 from remat_opt.memory._compiled import read_compiled
-from remat_opt.memory._measure import gradient_step
+from remat_opt.memory import gradient_step
 
 
 @pytest.fixture

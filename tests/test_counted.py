@@ -6,7 +6,7 @@ import pytest
 import remat_opt
 from remat_opt.cache import _counted
 from remat_opt.planner import _optimize, _policy_planning
-from remat_opt.rewrite._policies import POLICIES
+from remat_opt.rewrite import POLICIES
 
 
 def mlp(params, x):

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from remat_opt.rewrite._rewrite import fenced_checkpoint
+from remat_opt.rewrite import fenced_checkpoint
 
 
 def layer(p, x):

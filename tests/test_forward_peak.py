@@ -8,7 +8,7 @@ import remat_opt
 from known_programs import Dot, KnownProgram, graph_of, keep_set_schedule
 from remat_opt.memory import _forward, _simulate
 from remat_opt.memory._simulate import simulate, simulated
-from remat_opt.rewrite._apply import apply_schedule
+from remat_opt.rewrite import apply_schedule
 
 # Four matmuls of x, each followed by its sin and its loss term: every branch waits on the others.
 BRANCHES = KnownProgram((Dot((-1,), 24, 48), Dot((-1,), 64, 16), Dot((-1,), 8, 64), Dot((-1,), 40, 32)),

@@ -16,10 +16,10 @@ import remat_opt
 from known_programs import (Dot, KeepSet, KnownProgram, answers, best_fitting, chain, draw, enumerate_keep_sets,
                             graph_of, keep_set_schedule, monotone, pareto_budgets)
 from remat_opt.cache import _front
-from remat_opt.memory._measure import gradient_flops
-from remat_opt.memory._simulate import simulate
-from remat_opt.rewrite._apply import apply_schedule
-from remat_opt.solve._keep_sets import keep_set_schedules, measured_keep_set
+from remat_opt.memory import gradient_flops
+from remat_opt.memory import simulate
+from remat_opt.rewrite import apply_schedule
+from remat_opt.solve import keep_set_schedules, measured_keep_set
 
 
 def measured(program, kept_sets) -> list[KeepSet]:
@@ -121,7 +121,7 @@ def test_front_answers_every_budget_it_covers(tmp_path):
     assert [(p.peak, p.flops, p.schedule) for p in _front.front("k", tmp_path)] == [(100, 50, a), (120, 10, b)]
     assert _front.front("k", None) == _front.front("k", tmp_path)
     assert not list(tmp_path.glob("*.json"))  # no plan entry: `cache list` shows plans only
-    from remat_opt.cache._cache import clear
+    from remat_opt.cache import clear
     clear(tmp_path)
     _front._fronts.clear()
     assert _front.front("k", tmp_path) == ()

@@ -28,9 +28,9 @@ from jax import lax
 
 import remat_opt
 from remat_opt import peak_bytes
-from remat_opt.memory._measure import memory_of
+from remat_opt.memory import memory_of
 from remat_opt.program._static import StaticLeaf, combine, split
-from remat_opt.rewrite._policies import policy_program
+from remat_opt.rewrite import policy_program
 
 FAST = remat_opt.SolverOptions(time_limit_s=60.0, deterministic_time_limit=1.0, num_workers=2)
 ATTEMPTS = 2

@@ -20,7 +20,7 @@ import pytest
 
 import remat_opt
 from remat_opt import peak_bytes
-from remat_opt.memory._measure import gradient_flops
+from remat_opt.memory import gradient_flops
 
 eqx = pytest.importorskip("equinox")
 

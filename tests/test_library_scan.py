@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 
 import remat_opt
-from remat_opt.baselines._maxtext import RECIPES
-from remat_opt.memory._measure import gradient_flops
+from remat_opt.baselines import RECIPES
+from remat_opt.memory import gradient_flops
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
 from heldout_scan_programs import LIBRARIES, SCAN_PROGRAMS, Sizes, gradients

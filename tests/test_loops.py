@@ -13,10 +13,10 @@ from jax import lax
 import remat_opt
 from remat_opt.planner._loop_planning import LoopSearch
 from remat_opt.memory import model_graph
-from remat_opt.memory._measure import gradient_flops
-from remat_opt.rewrite._loops import LoopPlan, loop_candidates, loop_program, scan_lengths
-from remat_opt.memory._calibrate import calibrate
-from remat_opt.memory._simulate import simulate
+from remat_opt.memory import gradient_flops
+from remat_opt.rewrite import LoopPlan, loop_candidates, loop_program, scan_lengths
+from remat_opt.memory import calibrate
+from remat_opt.memory import simulate
 from remat_opt.program._trace import grad_argnums, normalize_argnums, trace, with_signature
 from remat_opt._schedule import Schedule
 

@@ -17,10 +17,10 @@ from jax.sharding import PartitionSpec as P
 
 import remat_opt
 from remat_opt.memory._sharded import collective_bytes
-from remat_opt.program._graph import build_graph
+from remat_opt.program import build_graph
 from remat_opt.program._manual import planned_body
-from remat_opt.program._trace import trace
-from remat_opt.rewrite._loops import LoopPlan
+from remat_opt.program import trace
+from remat_opt.rewrite import LoopPlan
 
 try:  # jax >= 0.7
     from jax import shard_map

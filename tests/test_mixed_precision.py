@@ -21,14 +21,14 @@ import jax.numpy as jnp
 import pytest
 
 from remat_opt import peak_bytes
-from remat_opt.solve._chen import chen_sqrt_n_schedule
+from remat_opt.solve import chen_sqrt_n_schedule
 from remat_opt.memory import model_graph
-from remat_opt.memory._calibrate import calibrate
-from remat_opt.memory._simulate import simulate
-from remat_opt.rewrite._apply import apply_schedule
+from remat_opt.memory import calibrate
+from remat_opt.memory import simulate
+from remat_opt.rewrite import apply_schedule
 from remat_opt._schedule import Schedule
 from remat_opt.program._precision import reads_half_precision, widened
-from remat_opt.program._trace import trace
+from remat_opt.program import trace
 
 pytestmark = pytest.mark.skipif(
     jax.default_backend() != "cpu", reason="the tolerances were measured on XLA:CPU"

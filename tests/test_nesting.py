@@ -10,13 +10,13 @@ import pytest
 import remat_opt
 from remat_opt import Schedule
 from remat_opt.memory import model_graph
-from remat_opt.memory._measure import gradient_flops
-from remat_opt.memory._calibrate import calibrate
-from remat_opt.memory._simulate import simulate
+from remat_opt.memory import gradient_flops
+from remat_opt.memory import calibrate
+from remat_opt.memory import simulate
 from remat_opt.solve._nesting import MAX_DEPTH, chain_trees, nested_candidates, revolve_schedule
-from remat_opt.rewrite._apply import apply_schedule
+from remat_opt.rewrite import apply_schedule
 from remat_opt._schedule import nested_ranges
-from remat_opt.program._trace import trace
+from remat_opt.program import trace
 from remat_opt.zoo import MODELS, MLPConfig
 
 CONFIG = MLPConfig(depth=32, width=128, batch=512)

@@ -7,12 +7,12 @@ import pytest
 
 import remat_opt
 from remat_opt import Schedule
-from remat_opt.baselines._reference import BaselineCall, reference
+from remat_opt.baselines import BaselineCall, reference
 from remat_opt.memory import _simulate
 from remat_opt.memory._once import MULTI_OPERAND_ELEMENTWISE, computed_once, once_values
 from remat_opt.memory._simulate import simulate, simulated
 from remat_opt.program._cost import jaxpr_flops
-from remat_opt.rewrite._apply import apply_schedule
+from remat_opt.rewrite import apply_schedule
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.float16])

@@ -10,14 +10,14 @@ import pytest
 import remat_opt
 from remat_opt import InfeasibleBudgetError, Schedule, peak_bytes
 from remat_opt.cache import _lowest
-from remat_opt.baselines._reference import BaselineCall, reference
+from remat_opt.baselines import BaselineCall, reference
 from remat_opt.memory import model_graph
-from remat_opt.memory._measure import abstract
+from remat_opt.memory import abstract
 from remat_opt.memory._once import once_values
-from remat_opt.memory._calibrate import calibrate
-from remat_opt.memory._simulate import simulate
-from remat_opt.program._trace import trace
-from remat_opt.rewrite._apply import apply_schedule
+from remat_opt.memory import calibrate
+from remat_opt.memory import simulate
+from remat_opt.program import trace
+from remat_opt.rewrite import apply_schedule
 
 
 def max_abs_diff(a, b):

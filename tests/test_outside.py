@@ -8,13 +8,13 @@ from jax import lax
 import remat_opt
 from remat_opt._schedule import Schedule
 from remat_opt.memory import model_graph
-from remat_opt.memory._simulate import simulate
-from remat_opt.program._trace import trace
-from remat_opt.solve._baseline_picks import baseline_picks
-from remat_opt.solve._chen import chen_schedules
-from remat_opt.solve._nesting import nested_candidates
-from remat_opt.solve._outside import outside_tiers
-from remat_opt.solve._policy_saves import policy_schedules
+from remat_opt.memory import simulate
+from remat_opt.program import trace
+from remat_opt.solve import baseline_picks
+from remat_opt.solve import chen_schedules
+from remat_opt.solve import nested_candidates
+from remat_opt.solve import outside_tiers
+from remat_opt.solve import policy_schedules
 
 
 def head_on_a_chain(ws, head, x):

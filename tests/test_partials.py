@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 from remat_opt._schedule import Schedule
-from remat_opt.baselines._reference import BaselineCall, reference
+from remat_opt.baselines import BaselineCall, reference
 from remat_opt.memory import simulate
 from remat_opt.memory._compiled import deferred_sums
-from remat_opt.rewrite._apply import apply_schedule
-from remat_opt.solve._chen import chen_sqrt_n_schedule
+from remat_opt.rewrite import apply_schedule
+from remat_opt.solve import chen_sqrt_n_schedule
 
 STEPS, BATCH, D_IN, HIDDEN = 8, 32, 16, 128
 

@@ -14,7 +14,7 @@ import pytest
 
 import remat_opt
 from remat_opt import SolverOptions, peak_bytes
-from remat_opt.cache._cache import list_entries
+from remat_opt.cache import list_entries
 
 FAST = SolverOptions(time_limit_s=20, deterministic_time_limit=2.0, num_workers=1)
 

@@ -26,8 +26,8 @@ from jax.experimental import io_callback
 
 import remat_opt
 from remat_opt import InfeasibleBudgetError, UnsupportedProgramError, peak_bytes
-from remat_opt.memory._measure import memory_of
-from remat_opt.program._trace import trace
+from remat_opt.memory import memory_of
+from remat_opt.program import trace
 
 FAST = remat_opt.SolverOptions(time_limit_s=60.0, deterministic_time_limit=1.0, num_workers=2)
 ATTEMPTS = 2  # these tests are about program constructs, not about the retry loop
@@ -130,7 +130,7 @@ def test_a_cut_just_before_a_cond_keeps_its_index_integer():
         return jnp.mean(mlp(ws[2:], h) ** 2)
 
     from remat_opt.memory import model_graph
-    from remat_opt.rewrite._apply import apply_schedule
+    from remat_opt.rewrite import apply_schedule
     from remat_opt._schedule import Schedule
 
     ws, x = weights(4), inputs()

@@ -12,8 +12,8 @@ from remat_opt import InfeasibleBudgetError, format_bytes
 from remat_opt.cache import _lowest
 from remat_opt.planner import _optimize
 from remat_opt._cli import main
-from remat_opt.planner._floor import floor_of
-from remat_opt.memory._measure import traced_step
+from remat_opt.planner import floor_of
+from remat_opt.memory import traced_step
 
 
 def wide_mlp(params, x):

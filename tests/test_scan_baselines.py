@@ -19,12 +19,12 @@ from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 
 import remat_opt
-from remat_opt.baselines._maxtext import RECIPES
-from remat_opt.memory._measure import gradient_flops
+from remat_opt.baselines import RECIPES
+from remat_opt.memory import gradient_flops
 from remat_opt.program._trace import trace, with_signature
-from remat_opt.rewrite._loops import (LoopPlan, loop_candidates, loop_program, recipe_candidates, scan_lengths,
+from remat_opt.rewrite import (LoopPlan, loop_candidates, loop_program, recipe_candidates, scan_lengths,
                                      user_names)
-from remat_opt.rewrite._policies import POLICIES
+from remat_opt.rewrite import POLICIES
 
 WIDTH, TOKENS = 32, 128
 SOLVER = remat_opt.SolverOptions(deterministic_time_limit=0.5, num_workers=2)

@@ -15,14 +15,14 @@ import pytest
 from jax import lax
 
 import remat_opt
-from remat_opt.baselines._maxtext import RECIPES, recipe_program
-from remat_opt.memory._measure import gradient_flops
-from remat_opt.program._graph import build_graph
+from remat_opt.baselines import RECIPES, recipe_program
+from remat_opt.memory import gradient_flops
+from remat_opt.program import build_graph
 from remat_opt.program._scan_body import scan_body
-from remat_opt.program._trace import trace
-from remat_opt.rewrite._loops import LoopPlan, loop_program, planned_scans
+from remat_opt.program import trace
+from remat_opt.rewrite import LoopPlan, loop_program, planned_scans
 from remat_opt.program._trace import with_signature
-from remat_opt.solve._body import choose_saved, saveable_nodes
+from remat_opt.solve import choose_saved, saveable_nodes
 from remat_opt.zoo import gpt
 
 

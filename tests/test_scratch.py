@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 from remat_opt._schedule import Schedule
-from remat_opt.baselines._reference import BaselineCall, reference
+from remat_opt.baselines import BaselineCall, reference
 from remat_opt.memory import simulate
 from remat_opt.memory._scratch import transpose_scratch
-from remat_opt.memory._calibrate import calibrate
-from remat_opt.rewrite._apply import apply_schedule
+from remat_opt.memory import calibrate
+from remat_opt.rewrite import apply_schedule
 
 BATCH, SIZE, WIDTH = 4, 32, 16
 

@@ -8,10 +8,10 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from remat_opt.baselines._reference import BaselineCall, reference
+from remat_opt.baselines import BaselineCall, reference
 from remat_opt import InfeasibleBudgetError, Schedule
 from remat_opt.memory import _simulate
-from remat_opt.solve._encoding import cut_candidates, save_candidates
+from remat_opt.solve import cut_candidates, save_candidates
 from remat_opt.memory import model_graph
 from remat_opt.memory._simulate import simulate, simulated
 from remat_opt.memory._terms import tail_extra_bytes
@@ -32,7 +32,7 @@ from remat_opt.solve._solve import (
     min_peak_schedule,
     solve,
 )
-from remat_opt.program._trace import trace
+from remat_opt.program import trace
 from remat_opt.zoo import GPTConfig, gpt
 
 

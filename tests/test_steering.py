@@ -16,9 +16,9 @@ import pytest
 from remat_opt import InfeasibleBudgetError, Schedule
 from remat_opt.planner._steering import Steering, steered_plan
 from remat_opt.memory import model_graph
-from remat_opt.memory._simulate import simulate
-from remat_opt.program._trace import trace
-from remat_opt.solve._solve import SolverClock, SolverOptions, min_peak_schedule, solve
+from remat_opt.memory import simulate
+from remat_opt.program import trace
+from remat_opt.solve import SolverClock, SolverOptions, min_peak_schedule, solve
 
 OPTIONS = SolverOptions(time_limit_s=60.0, deterministic_time_limit=1.0, num_workers=1)
 

@@ -8,7 +8,7 @@ import pytest
 
 import remat_opt
 from remat_opt._step import step_peak_bytes
-from remat_opt.memory._measure import memory_of
+from remat_opt.memory import memory_of
 from remat_opt.zoo import MODELS, MLPConfig
 
 FAST = remat_opt.SolverOptions(time_limit_s=60.0, deterministic_time_limit=2.0, num_workers=2)

@@ -13,10 +13,10 @@ import pytest
 
 import remat_opt
 from remat_opt.memory import _timing
-from remat_opt.program._trace import trace
-from remat_opt.rewrite._layers import LayerPlan, layer_program
+from remat_opt.program import trace
+from remat_opt.rewrite import LayerPlan, layer_program
 from remat_opt.program._trace import with_signature
-from remat_opt.solve._layers import layers_of
+from remat_opt.solve import layers_of
 
 WIDTH, HIDDEN, LAYERS = 64, 256, 4
 
@@ -182,7 +182,7 @@ def test_on_the_cpu_no_fenced_per_layer_policy_recomputes_less(mlp_args, policy)
     # remat_opt's fence, on layers found in a plain loop over layer dicts: it fits, and recomputes no
     # more FLOPs than that policy.
     from remat_opt.planner._timed import per_layer_plan
-    from remat_opt.memory._measure import gradient_flops
+    from remat_opt.memory import gradient_flops
 
     traced = trace(residual_mlp, mlp_args, {}, (0,))
     layers = layers_of(traced)

@@ -4,9 +4,9 @@ import jax.numpy as jnp
 import pytest
 
 from remat_opt import Schedule
-from remat_opt.baselines._reference import BaselineCall, reference
-from remat_opt.memory._simulate import simulate
-from remat_opt.rewrite._apply import apply_schedule
+from remat_opt.baselines import BaselineCall, reference
+from remat_opt.memory import simulate
+from remat_opt.rewrite import apply_schedule
 
 WIDTH = 512
 

@@ -14,13 +14,13 @@ import numpy as np
 import pytest
 
 import remat_opt
-from remat_opt.program._graph import build_graph
+from remat_opt.program import build_graph
 from remat_opt.program._roofline import RooflineCostModel, bytes_moved
 from remat_opt.program._trace import trace, with_signature
-from remat_opt.rewrite._layers import LayerPlan, layer_program
-from remat_opt.rewrite._loops import recipe_candidates, user_names
-from remat_opt.solve._encoding import save_candidates
-from remat_opt.solve._layers import Layers, layers_of
+from remat_opt.rewrite import LayerPlan, layer_program
+from remat_opt.rewrite import recipe_candidates, user_names
+from remat_opt.solve import save_candidates
+from remat_opt.solve import Layers, layers_of
 from remat_opt.solve._stage_saves import layer_names, layer_saves, layer_stages, saveable
 from remat_opt.zoo import MODELS, ResNetConfig
 
