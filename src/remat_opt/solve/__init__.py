@@ -6,7 +6,9 @@ Chen's segmentations (:func:`chen_sqrt_n_schedule`, :func:`chen_greedy_schedule`
 Revolve's and other nested trees (:func:`revolve_schedule`, :func:`nested_candidates`),
 keep-sets of matmul outputs (:func:`keep_set_schedules`, :func:`measured_keep_set`),
 built-in policies' saves per layer (:func:`policy_schedules`), repeated blocks solved once
-(:func:`chain_schedule`) and a scan body's saved names (:func:`choose_saved`). Every one
+(:func:`chain_schedule`) and a scan body's saved names (:func:`choose_saved`). Those that
+offer schedules at any budget share one signature (:data:`ScheduleSource`: a graph in, its
+schedules out), and the planner ranks what :data:`SOURCES` offer (:func:`outside_tiers`). Every one
 returns :class:`remat_opt.Schedule` values that :mod:`remat_opt.memory` predicts and
 :mod:`remat_opt.rewrite` applies; none measures anything itself but through a function it
 is handed.
@@ -32,6 +34,8 @@ from ._nesting import chain_trees as chain_trees
 from ._nesting import nested_candidates as nested_candidates
 from ._nesting import revolve_schedule as revolve_schedule
 from ._nesting import revolve_schedules as revolve_schedules
+from ._outside import SOURCES as SOURCES
+from ._outside import ScheduleSource as ScheduleSource
 from ._outside import outside_tiers as outside_tiers
 from ._policy_saves import dot_names as dot_names
 from ._policy_saves import policy_schedules as policy_schedules
@@ -40,7 +44,7 @@ from ._solve import SolverOptions as SolverOptions
 from ._solve import min_peak_schedule as min_peak_schedule
 from ._solve import solve as solve
 
-__all__ = ["Layers", "SolverClock", "SolverOptions", "articulation_positions", "baseline_picks", "chain_schedule",
+__all__ = ["Layers", "SOURCES", "ScheduleSource", "SolverClock", "SolverOptions", "articulation_positions", "baseline_picks", "chain_schedule",
            "chain_trees", "chen_greedy_candidates", "chen_greedy_schedule", "chen_schedules", "chen_sqrt_n_schedule",
            "choose_saved", "cut_candidates", "dot_names", "find_blocks", "keep_set_schedules", "layers_of",
            "measured_keep_set", "min_peak_schedule", "nested_candidates", "outside_tiers", "policy_schedules",

@@ -15,7 +15,7 @@ import math
 from collections.abc import Sequence
 
 from ..memory._fusion import materialized
-from ..program._graph import ProgramGraph
+from ..program._graph import ProgramGraph, per_graph
 from .._schedule import Schedule
 
 
@@ -166,7 +166,14 @@ def chen_greedy_candidates(graph: ProgramGraph, late: bool = False) -> tuple[tup
 def chen_schedules(graph: ProgramGraph) -> tuple[Schedule, ...]:
     """Chen's sqrt(n) schedule and every distinct greedy one, each run of cuts
     taken first and last: the segmentations the solver starts from and
-    ``optimize`` measures beside its own plans."""
+    ``optimize`` measures beside its own plans (worked out once per graph)."""
+    return per_graph(_chen_schedules, graph, lambda: _distinct_chen(graph))
+
+
+_chen_schedules: dict[int, tuple[Schedule, ...]] = {}
+
+
+def _distinct_chen(graph: ProgramGraph) -> tuple[Schedule, ...]:
     found = {chen_sqrt_n_schedule(graph): None}
     found.update({s: None for _, s in chen_greedy_candidates(graph)})
     found.update({s: None for _, s in chen_greedy_candidates(graph, late=True)})

@@ -12,7 +12,7 @@ measured plan's is, and XLA decides.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from .._schedule import Schedule, Simulation
 from ..memory._simulate import simulate
@@ -24,6 +24,13 @@ from ._nesting import nested_candidates
 from ._policy_saves import policy_schedules
 
 Tier = list[tuple[Schedule, Simulation]]
+
+ScheduleSource = Callable[[ProgramGraph], Sequence[Schedule]]
+"""A strategy outside CP-SAT: the schedules it offers for a program graph, at any budget."""
+
+SOURCES: tuple[ScheduleSource, ...] = (nested_candidates, chen_schedules, policy_schedules, keep_set_schedules)
+"""What :func:`outside_tiers` ranks, in this order (of schedules the model runs alike, the first
+is kept): nested trees, Chen's segmentations, the same with the dots saved, keep-sets."""
 
 
 def outside_tiers(graph: ProgramGraph, budget: int, ceiling_flops: int | None, slack: float,
@@ -56,11 +63,9 @@ def outside_tiers(graph: ProgramGraph, budget: int, ceiling_flops: int | None, s
     with dots saved only where the last segment keeps them anyway) are
     measured once, so that one compile is not spent twice on one program.
     """
-    chen = chen_schedules(graph)
     # What the Chen and Revolve baselines measure: worked out only where a tier takes them.
     picks = functools.cache(lambda: baseline_picks(graph))
-    schedules = {s: None for s in (*nested_candidates(graph), *chen, *policy_schedules(graph, chen),
-                                    *keep_set_schedules(graph))}
+    schedules = {s: None for source in SOURCES for s in source(graph)}
     sims, behaviours = [], set()
     for s in schedules:  # one of each behaviour: the first (fewest names) of those the model runs alike
         sim = simulate(graph, s)

@@ -16,6 +16,7 @@ from __future__ import annotations
 from ..program._graph import ProgramGraph
 from ..program._names import parse_value_name
 from .._schedule import Schedule
+from ._chen import chen_schedules
 
 
 def dot_names(graph: ProgramGraph, batch_dims: bool = True) -> frozenset[int]:
@@ -36,8 +37,11 @@ def dot_names(graph: ProgramGraph, batch_dims: bool = True) -> frozenset[int]:
     return frozenset(out)
 
 
-def policy_schedules(graph: ProgramGraph, segmentations: tuple[Schedule, ...]) -> tuple[Schedule, ...]:
-    """Each segmentation with the dots' outputs saved, both ways; distinct, in order."""
+def policy_schedules(graph: ProgramGraph, segmentations: tuple[Schedule, ...] | None = None) -> tuple[Schedule, ...]:
+    """Each segmentation (by default, Chen's: :func:`remat_opt.solve._chen.chen_schedules`) with
+    the dots' outputs saved, both ways; distinct, in order."""
+    if segmentations is None:
+        segmentations = chen_schedules(graph)
     variants = [dot_names(graph), dot_names(graph, batch_dims=False)]
     found: dict[Schedule, None] = {}
     for schedule in segmentations:
