@@ -355,3 +355,29 @@ def test_a_timed_plans_estimate_is_near_xlas_peak(mlp_args):
             estimated += 1
             assert abs(plan.predicted_peak_bytes / plan.measured_peak_bytes - 1) < 0.2, plan
     assert estimated >= 1
+
+
+def test_candidates_are_timed_on_the_calls_own_arrays_not_a_copy(mlp_args):
+    # A copy of the parameters and batch beside the user's own would not fit a step planned near
+    # the device's memory. Only where the call's arrays are not concrete (a plan made under jit's
+    # trace, NumPy leaves) are arrays of their shapes made.
+    from remat_opt.memory import abstract
+
+    specs = (abstract(mlp_args), abstract({}))
+    own_args, _ = _timing.run_inputs(residual_mlp, mlp_args, {}, 0, False, specs)
+    assert all(a is b for a, b in zip(jax.tree.leaves(own_args), jax.tree.leaves(mlp_args)))
+    as_numpy = jax.tree.map(np.asarray, mlp_args)
+    made, _ = _timing.run_inputs(residual_mlp, as_numpy, {}, 0, False, specs)
+    assert all(isinstance(a, jax.Array) and a.shape == b.shape and not a.any()
+               for a, b in zip(jax.tree.leaves(made), jax.tree.leaves(mlp_args)))
+
+    seen = []
+
+    @jax.jit
+    def traced(params, x):
+        seen.append(_timing.run_inputs(residual_mlp, (params, x), {}, 0, False, specs))
+        return x
+
+    traced(*mlp_args)
+    made_under_jit = jax.tree.leaves(seen[0])
+    assert all(not isinstance(a, jax.core.Tracer) and not a.any() for a in made_under_jit)

@@ -111,6 +111,19 @@ def _short(err: BaseException) -> str:
     return text if len(text) < 400 else text[:400] + " ..."
 
 
+def run_inputs(fn: Callable[..., Any], args: tuple, kwargs: dict, argnums: Any, has_aux: bool,
+               specs: tuple) -> tuple:
+    """What a compiled step of ``fn`` is run on to time it: the call's own arrays, as the step
+    takes them, where every one is a concrete ``jax.Array`` (no second copy of the parameters
+    and batch on the device, which a step planned near the device's memory has no room for);
+    else (a plan made under ``jax.jit``'s trace, NumPy or Python leaves) :func:`example_arguments`."""
+    _, step_args, step_kwargs = gradient_step(fn, args, kwargs, argnums, has_aux)
+    leaves = jax.tree_util.tree_leaves((step_args, step_kwargs))
+    if leaves and all(isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer) for x in leaves):
+        return step_args, step_kwargs
+    return example_arguments(specs)
+
+
 def example_arguments(specs: tuple) -> tuple:
     """Arrays of ``specs``' shapes, dtypes and shardings: zeros (keys from seed 0)."""
     def make(spec: Any) -> Any:

@@ -68,7 +68,7 @@ from .._schedule import Schedule
 from ..memory._facts import model_graph
 from ..memory._measure import gradient_flops, per_function, signature
 from ..memory._simulate import simulate
-from ..memory._timing import Compiled, compile_steps, device_ridge, example_arguments, step_seconds
+from ..memory._timing import Compiled, compile_steps, device_ridge, run_inputs, step_seconds
 from ..program._cost import CostModel
 from ..program._graph import ProgramGraph, build_graph
 from ..program._roofline import RooflineCostModel
@@ -185,7 +185,8 @@ def with_step_time(call: TimedCall, planned: tuple[Plan, Callable[..., Any]]) ->
     compiled = compile_steps([program], call.args, call.kwargs, call.nums, call.has_aux)[0]
     if compiled.executable is None:  # XLA fit it at planning: only a device that changed refuses it now
         return planned
-    seconds = step_seconds(compiled, example_arguments(compiled.step_args), call.repeats)
+    seconds = step_seconds(compiled, run_inputs(call.fn, call.args, call.kwargs, call.nums, call.has_aux,
+                                                compiled.step_args), call.repeats)
     return dataclasses.replace(plan, step_seconds=seconds), program
 
 
@@ -412,9 +413,11 @@ class _Search:
                 and result.peak_bytes is not None and result.peak_bytes <= self.call.budget]
 
     def inputs(self, compiled: Compiled) -> tuple:
-        """Arrays of the step's argument shapes (made once per call: every candidate's step takes the same)."""
+        """What every candidate's step is timed on (:func:`remat_opt.memory._timing.run_inputs`; once
+        per call: every candidate's step takes the same)."""
         if self._inputs is None:
-            self._inputs = example_arguments(compiled.step_args)
+            call = self.call
+            self._inputs = run_inputs(call.fn, call.args, call.kwargs, call.nums, call.has_aux, compiled.step_args)
         return self._inputs
 
 
