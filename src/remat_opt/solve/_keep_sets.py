@@ -100,9 +100,10 @@ def measured_keep_set(graph: ProgramGraph, budget: int, measure: Callable[[Sched
     XLA's peak is not monotone in the kept set); then up to :data:`SECOND_LOOK` keep-sets
     the model puts cheaper, on any segmentation that fits keeping nothing (or the lowest),
     the cheapest first, each once (segmentations that differ only by where an elementwise
-    equation falls measure alike: a look each would spend the looks on twins), unless its
-    peak, corrected by the model's least error on the keep-sets measured, is over by more
-    than :data:`SECOND_LOOK_SLACK`. With ``exhaustive``
+    equation falls measure alike: a look each would spend the looks on twins): first those
+    whose peak, corrected by the model's least error on the keep-sets measured, is over by no
+    more than :data:`SECOND_LOOK_SLACK`, then, with the looks left, the others (:func:`_looks`).
+    With ``exhaustive``
     (nothing else fits: the alternative is a refusal), if none of these fits, the other
     keep-sets of the lowest segmentation, the fewest FLOPs first, up to :data:`EXHAUSTIVE`.
     At most ``4 + ALL_SUBSETS + SECOND_LOOK`` compiles (and :data:`EXHAUSTIVE` more).
@@ -134,22 +135,41 @@ def measured_keep_set(graph: ProgramGraph, budget: int, measure: Callable[[Sched
     # The second look: on every segmentation that fits keeping nothing, and the lowest.
     names = [v for _, v in dots]
     least = min(e for es in errors.values() for e in es)  # the model's most generous error here
+    ranked = _second_look(graph, list(errors), names, measured)
     ceiling = simulate(graph, best[0]).recompute_flops if best is not None else None
-    looks = SECOND_LOOK
-    looked = {s.saved for s in measured if s.saved}  # each keep-set once: twin segmentations measure alike
-    for flops, s, predicted in _second_look(graph, list(errors), names, measured):
-        if looks == 0 or (ceiling is not None and flops >= ceiling):
-            break
-        if predicted + least > budget * (1 + SECOND_LOOK_SLACK) or s.saved in looked:
-            continue
-        looks -= 1
-        looked.add(s.saved)
-        peak = measure(s)
-        measured.add(s)
-        if peak <= budget:
-            return s, peak
+    best = _looks(ranked, budget, measure, (best, ceiling), least, measured)
     if best is None and exhaustive:
         return _first_fitting(graph, budget, measure, bare[0][2], names, measured)
+    return best
+
+
+def _looks(ranked: list[tuple[int, Schedule, int]], budget: int, measure: Callable[[Schedule], int],
+           incumbent: tuple[tuple[Schedule, int] | None, int | None], least: int,
+           measured: set[Schedule]) -> tuple[Schedule, int] | None:
+    """The second look's measurements: of ``ranked`` (the fewest FLOPs first), those cheaper than
+    ``incumbent`` (the best fit so far and its FLOPs), each keep-set once, at most :data:`SECOND_LOOK`:
+    first those whose peak, corrected
+    by ``least`` (the model's most generous error measured), is within :data:`SECOND_LOOK_SLACK`
+    of the budget, then, with the looks left, those it rules out (the model errs on some keep-sets
+    by more than on any measured), each group until one fits. The cheapest fit found, or the incumbent's."""
+    best, ceiling = incumbent
+    likely = [r for r in ranked if r[2] + least <= budget * (1 + SECOND_LOOK_SLACK)]
+    unlikely = [r for r in ranked if r[2] + least > budget * (1 + SECOND_LOOK_SLACK)]
+    looks = SECOND_LOOK
+    looked = {s.saved for s in measured if s.saved}  # each keep-set once: twin segmentations measure alike
+    for group in (likely, unlikely):
+        for flops, s, _ in group:
+            if looks == 0 or (ceiling is not None and flops >= ceiling):
+                break
+            if s.saved in looked:
+                continue
+            looks -= 1
+            looked.add(s.saved)
+            peak = measure(s)
+            measured.add(s)
+            if peak <= budget:
+                best, ceiling = (s, peak), flops
+                break
     return best
 
 
