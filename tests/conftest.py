@@ -34,6 +34,27 @@ def _plan_cache_per_test(request, monkeypatch):
     monkeypatch.setenv("REMAT_OPT_CACHE_DIR", tempfile.mkdtemp(prefix="test_", dir=_PLANS))
 
 
+# The files that take longest, longest first (one xdist worker each, `--dist loadfile`); the rest
+# follow in their usual order. pytest-xdist hands a worker its next file when it has two tests
+# left, in collection order (pyproject.toml turns off its reordering by test count, which sent
+# the files of one or two long tests last): a long file started last leaves the other worker
+# idle until it ends, and short files at the end fill the two workers evenly. Rough order, from
+# `--durations` of a run on two shared cores; a file missing here only runs later.
+LONGEST_FIRST = (
+    "test_libraries.py", "test_step_time_limits.py", "test_solve.py", "test_optimize.py",
+    "test_optimize_budget_errors.py", "test_programs_features.py", "test_step_time.py", "test_programs.py",
+    "test_scan_body.py", "test_library_scan.py", "test_step.py", "test_baselines.py", "test_manual.py",
+    "test_spmd.py", "test_spmd_shard_map.py", "test_fuzz.py", "test_library_remat.py", "test_heldout.py",
+    "test_policy_plans.py", "test_known.py", "test_time_saves.py", "test_nesting.py", "test_scan_baselines.py",
+    "test_counted.py", "test_experiments.py", "test_refusals.py", "test_libraries_equinox.py", "test_outside.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file's own order is kept
+
+
 def pytest_sessionfinish(session, exitstatus):
     shutil.rmtree(_CACHE, ignore_errors=True)
     shutil.rmtree(_PLANS, ignore_errors=True)

@@ -19,7 +19,9 @@ from remat_opt._schedule import nested_ranges
 from remat_opt.program import trace
 from remat_opt.zoo import MODELS, MLPConfig
 
-CONFIG = MLPConfig(depth=32, width=128, batch=512)
+CONFIG = MLPConfig(depth=24, width=128, batch=512)
+"""A chain deep enough for trees three levels deep and a nested plan below every flat one;
+experiments/deep_chain.py makes the same comparisons at 32 layers (its default)."""
 # Two workers as on a CI machine's two cores; the same options for both solves below.
 FAST = remat_opt.SolverOptions(time_limit_s=60.0, deterministic_time_limit=2.0, num_workers=2)
 
@@ -163,8 +165,8 @@ def test_nested_programs_are_exact_and_counted(mlp):
         sim = simulate(graph, schedule)
         assert abs(sim.recompute_flops - extra) <= 0.01 * plain_flops
         measured = remat_opt.peak_bytes(program, params, batch)
-        # Measured on this 32-layer chain: -3.6% to -7.5% (the model is one or two
-        # activations short on nested trees; within 0.4% on a 16-layer one).
+        # The model is one or two activations short on nested trees: the bound is the one the
+        # 32-layer chain needed (docs/measurements.md).
         assert abs(sim.peak_bytes - measured) <= 0.08 * measured, (schedule.depth(), sim.peak_bytes, measured)
 
 

@@ -29,8 +29,8 @@ def residual_mlp(params, x):
     return jnp.mean((x @ params["head"]) ** 2)
 
 
-@pytest.fixture(scope="module")
-def mlp_args():
+def residual_mlp_args():
+    """``residual_mlp``'s parameters and batch (also ``tests/test_step_time_limits.py``'s)."""
     key = jax.random.PRNGKey(1)
     keys = iter(jax.random.split(key, 3 * LAYERS + 2))
     layers = [{"scale": jnp.ones((WIDTH,)),
@@ -38,6 +38,11 @@ def mlp_args():
                "w_out": jax.random.normal(next(keys), (HIDDEN, WIDTH)) / HIDDEN**0.5} for _ in range(LAYERS)]
     params = {"layers": layers, "head": jax.random.normal(next(keys), (WIDTH, 8)) / WIDTH**0.5}
     return params, jax.random.normal(next(keys), (4096, WIDTH))
+
+
+@pytest.fixture(scope="module")
+def mlp_args():
+    return residual_mlp_args()
 
 
 def close(got, want):
@@ -195,166 +200,6 @@ def test_on_the_cpu_no_fenced_per_layer_policy_recomputes_less(mlp_args, policy)
     assert ours.fits and remat_opt.peak_bytes(step, *mlp_args) <= budget
     assert ours.measured_recompute_flops <= flops
     assert close(jax.jit(jax.grad(step))(*mlp_args), jax.grad(residual_mlp)(*mlp_args))
-
-
-def test_a_larger_budget_is_never_answered_by_a_slower_plan(mlp_args):
-    def loss(params, x):  # its own function: what this process measured is kept per function
-        return residual_mlp(params, x)
-
-    plain = remat_opt.peak_bytes(loss, *mlp_args)
-    smaller = remat_opt.optimize(loss, int(0.6 * plain), objective="time", cache=False).plan(*mlp_args)
-    larger = remat_opt.optimize(loss, int(0.9 * plain), objective="time", cache=False).plan(*mlp_args)
-    assert smaller.fits and larger.fits
-    # The smaller budget's plan fits the larger one too, and is among its candidates, with its time.
-    assert any(t.label == smaller.timed[0].label and t.step_seconds == smaller.step_seconds for t in larger.timed)
-    assert larger.step_seconds <= smaller.step_seconds
-
-
-def test_a_device_too_small_for_every_candidate_is_refused_saying_so(mlp_args, monkeypatch):
-    def no_room(compiled):
-        raise RuntimeError("RESOURCE_EXHAUSTED: Ran out of memory in memory space hbm")
-
-    # The step-time search's compiles, and the FLOP search's it falls back to.
-    monkeypatch.setattr(_timing, "memory_of", no_room)
-    monkeypatch.setattr("remat_opt.planner._mesh.memory_of", no_room)
-
-    def loss(params, x):  # a program of its own: nothing measured of it in this process
-        return 1.5 * residual_mlp(params, x)
-
-    budget = remat_opt.peak_bytes(residual_mlp, *mlp_args)
-    with pytest.raises(remat_opt.InfeasibleBudgetError) as err:
-        remat_opt.optimize(loss, budget, objective="time", cache=False).plan(*mlp_args)
-    assert err.value.min_budget_bytes > budget  # not "pass budget_bytes >= 0"
-    assert "could not fit any" in str(err.value) and "smaller batch" in str(err.value)
-
-
-def test_candidates_that_lower_to_one_module_are_compiled_once(mlp_args):
-    def twin(params, x):  # another function, the same program
-        return residual_mlp(params, x)
-
-    def other(params, x):
-        return residual_mlp(params, x) * 2.0
-
-    a, b, c = _timing.compile_steps([residual_mlp, twin, other], mlp_args, {}, 0, False)
-    assert a is b and a is not c
-    assert a.peak_bytes == remat_opt.peak_bytes(residual_mlp, *mlp_args)
-
-
-def widening_chain(params, x):
-    """Matmuls of differing widths: no two alike, so no layers and no scan for the search to find."""
-    for w in params:
-        x = jnp.tanh(x @ w)
-    return jnp.mean(x ** 2)
-
-
-def test_where_no_candidate_fits_the_flop_search_plans_and_its_step_is_timed():
-    widths = [64, 128, 96, 160, 80, 112, 64]
-    keys = jax.random.split(jax.random.PRNGKey(3), len(widths))
-    params = [jax.random.normal(k, (a, b)) / a ** 0.5 for k, a, b in zip(keys, widths[:-1], widths[1:])]
-    x = jax.random.normal(jax.random.PRNGKey(4), (1024, 64))
-    plain = remat_opt.peak_bytes(widening_chain, params, x)
-    budget = int(0.9 * plain)  # under the program as written: the step-time search has nothing else
-    plan = remat_opt.optimize(widening_chain, budget, objective="time", cache=False).plan(params, x)
-    assert plan.layer_plan is None and plan.loop_plan is None and plan.status in ("OPTIMAL", "FEASIBLE")
-    assert plan.measured_peak_bytes <= budget and plan.step_seconds is not None and plan.step_seconds > 0
-    assert "none of the step-time search's candidates fit" in plan.report()
-    step = remat_opt.optimize(widening_chain, budget, objective="time", cache=False)
-    assert remat_opt.peak_bytes(step, params, x) <= budget
-    assert close(jax.grad(step)(params, x), jax.grad(widening_chain)(params, x))
-
-
-def test_a_schedule_the_device_cannot_fit_is_a_figure_not_a_crash(monkeypatch):
-    # The FLOP search's measurements on a device smaller than the plain step: XLA's out-of-memory
-    # error is a peak no budget admits, and the search goes on to a plan that fits.
-    from remat_opt.planner import _mesh
-
-    widths = [64, 128, 96, 160, 80, 112, 64]
-    keys = jax.random.split(jax.random.PRNGKey(5), len(widths))
-    params = [jax.random.normal(k, (a, b)) / a ** 0.5 for k, a, b in zip(keys, widths[:-1], widths[1:])]
-    x = jax.random.normal(jax.random.PRNGKey(6), (1024, 64))
-    plain = remat_opt.peak_bytes(widening_chain, params, x)
-    device, real = int(0.95 * plain), _mesh.memory_of
-
-    def small_device(compiled):
-        peak = real(compiled)
-        if peak > device:
-            raise RuntimeError(f"RESOURCE_EXHAUSTED: Ran out of memory in memory space hbm: {peak} bytes")
-        return peak
-
-    monkeypatch.setattr(_mesh, "memory_of", small_device)
-
-    def loss(params, x):  # a function of its own: nothing measured of it before
-        return widening_chain(params, x)
-
-    budget = int(0.9 * plain)
-    plan = remat_opt.optimize(loss, budget, objective="flops", cache=False).plan(params, x)
-    assert plan.measured_peak_bytes <= budget
-    assert _mesh.beyond_device() > device
-
-
-def test_a_step_first_planned_under_jit_runs_its_candidates_on_the_device(mlp_args):
-    # The README's usage on an accelerator: jit(value_and_grad(step)) with no step.plan() first.
-    # The plan is made while jit traces; its candidates must still run, not be staged.
-    def loss(params, x):  # a program of its own: nothing measured of it in this process
-        return 1.25 * residual_mlp(params, x)
-
-    budget = int(0.8 * remat_opt.peak_bytes(loss, *mlp_args))
-    step = remat_opt.optimize(loss, budget, objective="time", cache=False)
-    value, grads = jax.jit(jax.value_and_grad(step))(*mlp_args)
-    plan = step.plan(*mlp_args)
-    assert plan.fits and plan.step_seconds is not None and plan.step_seconds > 0
-    assert all(t.step_seconds is None or t.step_seconds > 0 for t in plan.timed)
-    assert close(grads, jax.grad(loss)(*mlp_args)) and np.allclose(value, loss(*mlp_args), rtol=1e-6)
-
-
-def test_a_candidate_estimated_over_the_budget_is_not_compiled(mlp_args):
-    # The estimate of a per-layer plan, from peaks XLA measured: the least-memory uniform plan's,
-    # plus per layer its policy's share of what that policy's uniform plan (or the plain step) adds.
-    import dataclasses
-    from remat_opt.memory._timing import Compiled
-    from remat_opt.planner._timed import OVER_ESTIMATE, Candidate, TimedCall, _Search
-
-    traced = trace(residual_mlp, mlp_args, {}, (0,))
-    layers = layers_of(traced)
-    assert layers is not None and layers.count == LAYERS
-    peaks = {"plain": 1000, "every layer nothing_saveable": 200, "every layer dots_with_no_batch_dims_saveable": 400,
-             "every layer dots_saveable": 600}
-
-    def search(budget):
-        call = TimedCall(residual_mlp, mlp_args, {}, (0,), 0, False, budget)
-        s = _Search(call, traced, layers)
-        measured = [dataclasses.replace(c, compiled=Compiled(None, peaks[c.label], 0.0, None, ()))
-                    for c in [Candidate("plain", residual_mlp), *s.uniform(fenced=False)]]
-        return s, measured
-
-    s, measured = search(400)
-    mix = ["nothing_saveable", "dots_with_no_batch_dims_saveable", "dots_saveable", "dots_saveable"]
-    assert s.estimate(measured, mix) == 200 + (0 + 200 + 400 + 400) / LAYERS
-    assert s.estimate(measured, ["nothing_saveable"] * 3 + [40.0]) == 240
-    over = s._mix("nothing_saveable", "dots_saveable", 3, last_plain=False, measured=measured)
-    under = s._mix("nothing_saveable", "dots_saveable", 1, last_plain=False, measured=measured)
-    assert (over.estimate, under.estimate) == (200 + 3 * 400 / LAYERS, 200 + 400 / LAYERS)
-    assert over.estimate > OVER_ESTIMATE * 400 >= under.estimate
-    assert s.within_reach([over, under]) == [under]
-    # Without the peaks it needs, or with a layer as written (what that adds, no peak says): no
-    # estimate, and the candidate is compiled.
-    assert s.estimate(measured[:2], ["dots_saveable"] * LAYERS) is None
-    last = s._mix("nothing_saveable", "dots_saveable", 2, last_plain=True, measured=measured)
-    assert last.estimate is None and s.within_reach([last]) == [last]
-
-
-def test_a_timed_plans_estimate_is_near_xlas_peak(mlp_args):
-    def loss(params, x):  # a program of its own: nothing measured of it in this process
-        return 0.75 * residual_mlp(params, x)
-
-    plain = remat_opt.peak_bytes(loss, *mlp_args)
-    estimated = 0
-    for share in (0.9, 0.7, 0.5):
-        plan = remat_opt.optimize(loss, int(share * plain), objective="time", cache=False).plan(*mlp_args)
-        if plan.predicted_peak_bytes is not None:  # the winner was an estimated candidate
-            estimated += 1
-            assert abs(plan.predicted_peak_bytes / plan.measured_peak_bytes - 1) < 0.2, plan
-    assert estimated >= 1
 
 
 def test_candidates_are_timed_on_the_calls_own_arrays_not_a_copy(mlp_args):
