@@ -168,9 +168,16 @@ def test_a_candidate_estimated_over_the_budget_is_not_compiled(mlp_args):
     assert last.estimate is None and s.within_reach([last]) == [last]
 
 
-def test_a_timed_plans_estimate_is_near_xlas_peak(mlp_args):
+def test_a_timed_plans_estimate_is_near_xlas_peak(mlp_args, monkeypatch):
     def loss(params, x):  # a program of its own: nothing measured of it in this process
         return 0.75 * residual_mlp(params, x)
+
+    # The device's clock, replaced: the candidate that uses the most of the budget runs fastest,
+    # as the mixes and time-chosen saves (the estimated candidates) are made to. On a loaded CPU
+    # the real winner is whichever ran fastest that moment.
+    monkeypatch.setattr("remat_opt.planner._timed.step_seconds",
+                        lambda compiled, inputs, repeats=5: None if compiled.executable is None
+                        else 1.0 / compiled.peak_bytes)
 
     plain = remat_opt.peak_bytes(loss, *mlp_args)
     estimated = 0
