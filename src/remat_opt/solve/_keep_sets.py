@@ -147,14 +147,15 @@ def _looks(ranked: list[tuple[int, Schedule, int]], budget: int, measure: Callab
            incumbent: tuple[tuple[Schedule, int] | None, int | None], least: int,
            measured: set[Schedule]) -> tuple[Schedule, int] | None:
     """The second look's measurements: of ``ranked`` (the fewest FLOPs first), those cheaper than
-    ``incumbent`` (the best fit so far and its FLOPs), each keep-set once, at most :data:`SECOND_LOOK`:
-    first those whose peak, corrected
-    by ``least`` (the model's most generous error measured), is within :data:`SECOND_LOOK_SLACK`
-    of the budget, then, with the looks left, those it rules out (the model errs on some keep-sets
-    by more than on any measured), each group until one fits. The cheapest fit found, or the incumbent's."""
+    ``incumbent`` (the best fit so far and its FLOPs), each keep-set once, at most
+    :data:`SECOND_LOOK`: first those whose peak, corrected by ``least`` (the model's most
+    generous error measured), is within :data:`SECOND_LOOK_SLACK` of the budget, then, with the
+    looks left, those it rules out (the model errs on some keep-sets by more than on any
+    measured), each group until one fits. The cheapest fit found, or the incumbent's."""
     best, ceiling = incumbent
-    likely = [r for r in ranked if r[2] + least <= budget * (1 + SECOND_LOOK_SLACK)]
-    unlikely = [r for r in ranked if r[2] + least > budget * (1 + SECOND_LOOK_SLACK)]
+    ruled_out = [r[2] + least > budget * (1 + SECOND_LOOK_SLACK) for r in ranked]
+    likely = [r for r, out in zip(ranked, ruled_out) if not out]
+    unlikely = [r for r, out in zip(ranked, ruled_out) if out]
     looks = SECOND_LOOK
     looked = {s.saved for s in measured if s.saved}  # each keep-set once: twin segmentations measure alike
     for group in (likely, unlikely):
