@@ -30,12 +30,15 @@ class Timed:
         step_seconds: the median step time on the device; ``None`` when not run
             (it did not fit the budget, or the device ran out of memory).
         note: why it has no figure (XLA's out-of-memory message), else ``""``.
+        estimated_peak_bytes: the peak estimated before it was compiled, from the peaks of
+            uniform per-layer plans measured first; ``None`` for a candidate given no estimate.
     """
 
     label: str
     peak_bytes: int | None
     step_seconds: float | None
     note: str = ""
+    estimated_peak_bytes: int | None = None
 
 
 @dataclass(frozen=True)

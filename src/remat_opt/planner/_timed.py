@@ -132,7 +132,7 @@ class Candidate:
 
     def figure(self) -> Timed:
         note = "" if self.compiled is None or self.compiled.error is None else self.compiled.error
-        return Timed(self.label, self.peak_bytes, self.step_seconds, note)
+        return Timed(self.label, self.peak_bytes, self.step_seconds, note, self.estimate)
 
 
 @dataclass(frozen=True)
