@@ -88,6 +88,30 @@ def test_where_no_candidate_fits_the_flop_search_plans_and_its_step_is_timed():
     assert close(jax.grad(step)(params, x), jax.grad(widening_chain)(params, x))
 
 
+def test_the_flop_search_after_nothing_fit_stops_where_its_schedules_reach_no_lower(monkeypatch):
+    # A device where no schedule of the FLOP search measures under the program as written (as the
+    # ResNet's on a TPU, whose schedules the CPU-fitted model put far lower than XLA did): the
+    # budget is refused after FALLBACK_PATIENCE compiles, not after every strategy's.
+    from remat_opt.planner import _mesh
+    from remat_opt.planner import OptimizedFunction
+
+    widths = [64, 128, 96, 160, 80, 112, 64]
+    keys = jax.random.split(jax.random.PRNGKey(7), len(widths))
+    params = [jax.random.normal(k, (a, b)) / a ** 0.5 for k, a, b in zip(keys, widths[:-1], widths[1:])]
+    x = jax.random.normal(jax.random.PRNGKey(8), (1024, 64))
+
+    def loss(params, x):  # a function of its own: nothing measured of it before
+        return widening_chain(params, x)
+
+    plain, real, compiles = remat_opt.peak_bytes(loss, params, x), _mesh.memory_of, []
+    monkeypatch.setattr(_mesh, "memory_of", lambda compiled: compiles.append(1) or max(real(compiled), plain))
+    with pytest.raises(remat_opt.InfeasibleBudgetError, match="stopped after 5 compiles") as refused:
+        remat_opt.optimize(loss, int(0.9 * plain), objective="time", cache=False).plan(params, x)
+    assert refused.value.min_budget_bytes == plain
+    # The plain step's peak is already known to the search; each compile after it is counted.
+    assert len(compiles) <= OptimizedFunction.FALLBACK_PATIENCE == 5
+
+
 def test_a_schedule_the_device_cannot_fit_is_a_figure_not_a_crash(monkeypatch):
     # The FLOP search's measurements on a device smaller than the plain step: XLA's out-of-memory
     # error is a peak no budget admits, and the search goes on to a plan that fits.

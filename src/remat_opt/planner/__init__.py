@@ -8,7 +8,8 @@ recomputed FLOPs: CP-SAT's schedules steered by XLA's figures (:mod:`._steering`
 (:mod:`._policy_planning`, :mod:`._layer_policies`), and on an accelerator the step-time
 search (:mod:`._timed`). The winner is compiled once more as the user's ``jax.jit`` will
 (:mod:`._verify`). Around them: what a mesh changes (:mod:`._mesh`), forward mode
-(:mod:`._forward`), what one search carries (:mod:`._search_state`), the error when nothing
+(:mod:`._forward`), what one search carries (:mod:`._search_state`), how long the FLOP search
+may run after the step-time search found nothing (:mod:`._patience`), the error when nothing
 fits (:mod:`._refusal`) and the progress shown while it runs (:mod:`._progress`).
 
 The planner may import every stage, the plan and the cache; only the package's face

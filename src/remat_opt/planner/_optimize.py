@@ -42,6 +42,7 @@ from .._plan import Plan, Planned, annotate, measured_flops_of, measured_peak_of
 from ._policy_planning import (PolicyCandidate, counted_policies, measured_policies, unmeasured_policies,
                                within_reach)
 from ..cache._restore import cached_or_new_plan
+from ._patience import Patience, Stalled
 from ._refusal import nothing_fits
 from .._schedule import Schedule, Simulation
 from ._search_state import Measure, Modelled, Outcome, Search
@@ -99,6 +100,11 @@ class OptimizedFunction:
     FALLBACK_CANDIDATES = 4
     """Lowest-memory schedules measured on XLA before a budget is declared out of reach."""
 
+    FALLBACK_PATIENCE = 5
+    """Compiles in a row the FLOP search may make, after the step-time search found nothing that
+    fits, with no peak below that search's least: the plain step, JAX's policies and the first
+    of CP-SAT's lowest-memory schedules come first."""
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if forward_mode(args, kwargs):  # custom_vjp segments have no JVP: fn as written (remat_opt.planner._forward)
             return self.fn(*args, **kwargs)
@@ -135,8 +141,9 @@ class OptimizedFunction:
 
         Where none of the step-time search's candidates fits (they are per-layer and per-body
         plans, and a program may have no layers), the FLOP search's plan, whose schedules reach
-        lower, with its step time measured on the device; if that search refuses too, the
-        refusal that names the lower peak."""
+        lower, with its step time measured on the device; if that search refuses too, or makes
+        :attr:`FALLBACK_PATIENCE` compiles in a row that reach no lower than the step-time search
+        did (:mod:`remat_opt.planner._patience`), the refusal that names the lower peak."""
         _refuse_under_floor(call)
         timed = TimedCall(call.fn, call.args, call.kwargs, call.argnums, call.nums, call.has_aux,
                           call.budget, call.options.cost_model)
@@ -145,9 +152,11 @@ class OptimizedFunction:
         except InfeasibleBudgetError as refused:
             logger.info("step-time search: nothing fits %s; the FLOP search's schedules", format_bytes(call.budget))
             try:
-                planned = self._flop_plan(call)
+                planned = self._flop_plan(call, Patience(call.budget, refused.min_budget_bytes, self.FALLBACK_PATIENCE))
             except InfeasibleBudgetError as err:
                 raise min((err, refused), key=lambda e: e.min_budget_bytes) from None
+            except Stalled as stalled:
+                raise stalled.refusal(refused) from None
         progress.stage("timing the FLOP search's plan on the device")
         return with_step_time(timed, planned)
 
@@ -157,8 +166,9 @@ class OptimizedFunction:
             return self._timed_plan(call)
         return self._flop_plan(call)
 
-    def _flop_plan(self, call: Call) -> Planned:
-        """The plan that fits with the fewest recomputed FLOPs (:meth:`_search`), verified as jit compiles it."""
+    def _flop_plan(self, call: Call, patience: Patience | None = None) -> Planned:
+        """The plan that fits with the fewest recomputed FLOPs (:meth:`_search`), verified as jit
+        compiles it; each compile counted by ``patience``, where given."""
         options = call.options
         traced = trace(self.fn, call.args, call.kwargs, call.argnums, options.unroll_scans)
         # fn as written, loops whole: what a plain plan and the loop plans run.
@@ -175,6 +185,8 @@ class OptimizedFunction:
         measure = progress.measuring(measurer(call.args, call.kwargs, call.nums, call.has_aux, on_mesh,
                                               figures_only=True))
         verify = progress.measuring(measurer(call.args, call.kwargs, call.nums, call.has_aux, on_mesh))
+        if patience is not None:
+            measure, verify = patience.watch(measure), patience.watch(verify)
         # The program's key at any budget: what an earlier search of it measured lowest (remat_opt.cache._lowest),
         # and the front every schedule measured joins (remat_opt.cache._front).
         model = Modelled(traced, whole, graph, compiled, call.key(None))
