@@ -53,9 +53,10 @@ MOVED_TO_DEV: dict[str, tuple[int, ...]] = {"branches": (10_154,)}
 peak, session 44): development since, each replaced by a seed past :data:`EVAL_SEEDS`."""
 
 
-FRESH_MOVED_TO_DEV: dict[str, tuple[int, ...]] = {"branches": (20_026,)}
+FRESH_MOVED_TO_DEV: dict[str, tuple[int, ...]] = {"branches": (20_026, 20_059)}
 """The same for :data:`FRESH_SEEDS` (20026: a two-matmul program whose cheaper keep-set the model
-put out of the second look's reach, session 46)."""
+put out of the second look's reach, session 46; 20059: three matmuls whose cheapest keep-set XLA
+fits on one of two twin segmentations and not on the other, session 47)."""
 
 
 def seeds_of(family: str, held_out: bool, fresh: bool = False) -> list[int]:

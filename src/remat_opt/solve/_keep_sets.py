@@ -147,22 +147,25 @@ def _looks(ranked: list[tuple[int, Schedule, int]], budget: int, measure: Callab
            incumbent: tuple[tuple[Schedule, int] | None, int | None], least: int,
            measured: set[Schedule]) -> tuple[Schedule, int] | None:
     """The second look's measurements: of ``ranked`` (the fewest FLOPs first), those cheaper than
-    ``incumbent`` (the best fit so far and its FLOPs), each keep-set once, at most
-    :data:`SECOND_LOOK`: first those whose peak, corrected by ``least`` (the model's most
-    generous error measured), is within :data:`SECOND_LOOK_SLACK` of the budget, then, with the
-    looks left, those it rules out (the model errs on some keep-sets by more than on any
-    measured), each group until one fits. The cheapest fit found, or the incumbent's."""
+    ``incumbent`` (the best fit so far and its FLOPs), at most :data:`SECOND_LOOK`: first those
+    whose peak, corrected by ``least`` (the model's most generous error measured), is within
+    :data:`SECOND_LOOK_SLACK` of the budget, then, with the looks left, those it rules out (the
+    model errs on some keep-sets by more than on any measured). In each group, each keep-set
+    once first (segmentations that differ only by where an elementwise equation falls mostly
+    measure alike: a look each would spend the looks on twins), then its twins (XLA can fit a
+    keep-set on one and not on its twin); each pass until one fits. The cheapest fit found, or
+    the incumbent's."""
     best, ceiling = incumbent
     ruled_out = [r[2] + least > budget * (1 + SECOND_LOOK_SLACK) for r in ranked]
     likely = [r for r, out in zip(ranked, ruled_out) if not out]
     unlikely = [r for r, out in zip(ranked, ruled_out) if out]
     looks = SECOND_LOOK
-    looked = {s.saved for s in measured if s.saved}  # each keep-set once: twin segmentations measure alike
-    for group in (likely, unlikely):
+    looked = {s.saved for s in measured if s.saved}
+    for group, once in ((likely, True), (likely, False), (unlikely, True), (unlikely, False)):
         for flops, s, _ in group:
             if looks == 0 or (ceiling is not None and flops >= ceiling):
                 break
-            if s.saved in looked:
+            if s in measured or (once and s.saved in looked):
                 continue
             looks -= 1
             looked.add(s.saved)
