@@ -17,7 +17,7 @@ from jax import lax
 import remat_opt
 import remat_opt.memory._pipeline as pipeline_module
 import remat_opt.planner._mesh as mesh_module
-import remat_opt.planner._optimize as optimize_module
+import remat_opt.planner._flop_search as flop_search
 import remat_opt.planner._steering as steering_module
 from remat_opt import CacheWarning, peak_bytes
 from remat_opt.cache import list_entries
@@ -36,7 +36,7 @@ def forbid_planning(monkeypatch):
     for name in ("solve", "min_peak_schedule", "low_memory_schedules"):
         monkeypatch.setattr(steering_module, name, _refuse(name))
     monkeypatch.setattr(pipeline_module, "read_plain", _refuse("read_plain"))  # every model's XLA facts
-    monkeypatch.setattr(optimize_module, "gradient_flops", _refuse("gradient_flops"))
+    monkeypatch.setattr(flop_search, "gradient_flops", _refuse("gradient_flops"))
     monkeypatch.setattr(mesh_module, "compiled_figures", _refuse("compiled_figures"))  # every program's measure
 
 

@@ -5,7 +5,7 @@ import pytest
 
 import remat_opt
 from remat_opt.cache import _counted
-from remat_opt.planner import _optimize, _policy_planning
+from remat_opt.planner import _flop_search, _policy_planning
 from remat_opt.rewrite import POLICIES
 
 
@@ -19,7 +19,7 @@ def mlp(params, x):
 def traced(monkeypatch):
     """The rewritten programs whose gradient FLOPs the planner counts, from a clean slate of counts."""
     programs = []
-    count = _optimize.gradient_flops
+    count = _flop_search.gradient_flops
 
     def counting(fn, *args, **kwargs):
         if fn is not mlp:
@@ -27,7 +27,7 @@ def traced(monkeypatch):
         return count(fn, *args, **kwargs)
 
     _counted.forget()
-    monkeypatch.setattr(_optimize, "gradient_flops", counting)
+    monkeypatch.setattr(_flop_search, "gradient_flops", counting)
     yield programs
     _counted.forget()
 

@@ -216,12 +216,12 @@ def test_measured_slack_loosens_the_target(small_mlp, monkeypatch):
     # storage scaled by 1.3) over-predicts the first plan; fed back, the error
     # loosens the target, and the plan that wins recomputes less than the
     # first one that fit, still within the budget.
-    import remat_opt.planner._optimize as optimize_module
+    import remat_opt.planner._flop_search as flop_search
 
     fn, params, x = small_mlp
     plain = peak_bytes(fn, params, x)
     inflate = lambda graph, peak: dataclasses.replace(calibrate(graph, peak), plain_storage_scale=1.3)  # noqa: E731
-    monkeypatch.setattr(optimize_module, "calibrate", inflate)
+    monkeypatch.setattr(flop_search, "calibrate", inflate)
     plans = {}
     for slack in (1.0, remat_opt.OptimizedFunction.RELAX_SLACK):
         monkeypatch.setattr(remat_opt.OptimizedFunction, "RELAX_SLACK", slack)

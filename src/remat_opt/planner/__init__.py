@@ -2,8 +2,8 @@
 
 :class:`OptimizedFunction` (:mod:`._optimize`) plans once per signature: it asks the plan cache
 (:mod:`remat_opt.cache`) first, refuses a budget under the step's own arguments and outputs
-(:mod:`._floor`), then runs every strategy and keeps the one that fits with the fewest
-recomputed FLOPs: CP-SAT's schedules steered by XLA's figures (:mod:`._steering`), loop plans
+(:mod:`._floor`), then runs the FLOP search (:mod:`._flop_search`): every strategy, keeping the
+one that fits with the fewest recomputed FLOPs: CP-SAT's schedules steered by XLA's figures (:mod:`._steering`), loop plans
 (:mod:`._loop_planning`), JAX's policies around the whole function and per layer
 (:mod:`._policy_planning`, :mod:`._layer_policies`), and on an accelerator the step-time
 search (:mod:`._timed`). The winner is compiled once more as the user's ``jax.jit`` will
