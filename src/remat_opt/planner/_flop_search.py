@@ -5,7 +5,8 @@ CP-SAT's search, keep-sets, the program's front, JAX's policies per layer and ar
 function) is given the plan that fits with the fewest FLOPs so far and returns one to take its
 place, or ``None``; :class:`FlopSearch` runs them in turn (:meth:`FlopSearch._search`). The
 planner's function (:class:`remat_opt.planner._optimize.OptimizedFunction`) is one, with its
-``fn`` and ``options``; it calibrates the model, verifies the winner and caches it.
+``fn`` and ``options``; it traces and models the program, verifies the winner as ``jit``
+compiles it and caches it.
 """
 
 from __future__ import annotations
