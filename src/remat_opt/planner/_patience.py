@@ -67,11 +67,11 @@ class Patience:
         unless a peak measured so far fits the budget."""
         def watched(program: Callable[..., Any]) -> int:
             peak = measure(program)
-            if min(self.lowest, peak) <= self.budget:
-                self.lowest = min(self.lowest, peak)
-                return peak
-            self.misses = 0 if peak < min(self.floor, self.lowest) else self.misses + 1
+            new_low = peak < min(self.floor, self.lowest)
             self.lowest = min(self.lowest, peak)
+            if self.lowest <= self.budget:
+                return peak
+            self.misses = 0 if new_low else self.misses + 1
             if self.misses >= self.limit:
                 logger.info("FLOP search: %d compiles in a row no lower than %s: stopped", self.misses,
                             format_bytes(min(self.floor, self.lowest)))
