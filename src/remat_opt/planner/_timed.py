@@ -33,7 +33,7 @@ user's code, and then goes between them:
    device is measured to have), in the bytes the budget leaves above the
    least-memory per-layer plan (read as XLA's bytes through the measured
    peaks of the per-layer dot policies), and in shares of those bytes
-   (:data:`CAP_SHARES`): the device, not the model, says whether saving more pays.
+   (:data:`remat_opt.planner._saved_bytes.CAP_SHARES`): the device, not the model, says whether saving more pays.
 
 Steps 3 and 4 are compiled together, and run where they fit. Before it is compiled, each of
 their per-layer candidates is given an estimate of XLA's peak, from the peaks step 2 measured
@@ -68,10 +68,9 @@ from .._schedule import Schedule
 from ..memory._facts import model_graph
 from ..memory._measure import gradient_flops, per_function, signature
 from ..memory._simulate import simulate
-from ..memory._timing import Compiled, compile_steps, device_ridge, run_inputs, step_seconds
+from ..memory._timing import Compiled, compile_steps, run_inputs, step_seconds
 from ..program._cost import CostModel
-from ..program._graph import ProgramGraph, build_graph
-from ..program._roofline import RooflineCostModel
+from ..program._graph import ProgramGraph
 from ..program._trace import TracedProgram, trace, with_signature
 from ..rewrite._layers import LayerPlan, StagePolicy, layer_program
 from ..rewrite._loops import LoopPlan, loop_program, planned_scans, recipe_candidates, user_names
@@ -79,8 +78,8 @@ from ..program._scan_body import scan_body
 from ..solve._body import choose_saved
 from ..solve._layers import Layers, layers_of
 from ..solve._solve import SolverOptions
-from ..solve._policy_saves import dot_names
 from ..solve._stage_saves import layer_names, layer_saves
+from ._saved_bytes import dot_bytes, layer_bytes, saving_caps, time_graph, xla_bytes_per_model_byte
 
 logger = logging.getLogger("remat_opt")
 
@@ -89,11 +88,6 @@ LADDER: tuple[StagePolicy, ...] = ("nothing_saveable", "dots_with_no_batch_dims_
 
 BODY_SOLVER = SolverOptions(time_limit_s=10.0, deterministic_time_limit=2.0)
 """CP-SAT's limits for a scan body's saved set: a body is one layer, solved in well under a second."""
-
-CAP_SHARES = (1.0, 0.75, 0.5, 0.25)
-"""The shares of the bytes a budget leaves in which the time model chooses saved values, one
-candidate each. Saving more is not always faster on the device (a stored value is written and read
-back, in a layout the compiler picks), which the model does not price: the device decides."""
 
 OVER_ESTIMATE = 1.1
 """A candidate whose estimated peak (:meth:`_Search.estimate`) is above this share of the budget is
@@ -299,8 +293,8 @@ class _Search:
 
     def saves_by_time(self, measured: list[Candidate]) -> list[Candidate]:
         """Every layer saving the values the time model chooses (:func:`layer_saves` over
-        :func:`time_graph`) in the bytes the budget leaves above the least-memory per-layer plan;
-        in each share of them in :data:`CAP_SHARES`, and in all with the last layer as written."""
+        :func:`remat_opt.planner._saved_bytes.time_graph`) in the bytes the budget leaves above the least-memory per-layer plan;
+        in each share of them in :data:`remat_opt.planner._saved_bytes.CAP_SHARES`, and in all with the last layer as written."""
         if self.layers is None:
             return []
         uniform = self._uniform_of(measured)
@@ -309,9 +303,9 @@ class _Search:
             return []
         graph = _time_graph_of(self.call, "layers", self.traced)
         peaks = {str(p): c.peak_bytes for p, c in uniform.items()}
-        scale = _xla_bytes_per_model_byte(_dot_bytes(graph, self.layers.spans()), peaks, least.peak_bytes)
+        scale = xla_bytes_per_model_byte(dot_bytes(graph, self.layers.spans()), peaks, least.peak_bytes)
         allowance = (self.call.budget - least.peak_bytes) / scale
-        caps = _caps(allowance)
+        caps = saving_caps(allowance)
         out: list[Candidate] = []
         seen: set[frozenset[int]] = set()
         for cap, saved in zip(caps, layer_saves(graph, self.layers, caps) if caps else []):
@@ -319,7 +313,7 @@ class _Search:
                 continue
             seen.add(saved)
             names: list[StagePolicy] = list(layer_names(graph, self.layers, saved))
-            added = [scale * b for b in _layer_bytes(graph, self.layers, saved)]
+            added = [scale * b for b in layer_bytes(graph, self.layers, saved)]
             label = f"every layer saving {len(saved)} values chosen by time in {format_bytes(cap)}"
             out.append(self.layer_candidate(names, label, self.fenced, self.estimate(measured, added)))
             if len(out) == 1:
@@ -328,9 +322,9 @@ class _Search:
 
     def body_saves_by_time(self, measured: list[Candidate]) -> list[Candidate]:
         """For a program whose layers are one ``lax.scan``: its body saving the values the time model
-        chooses (:func:`remat_opt.solve._body.choose_saved` over :func:`time_graph` of the body), in
+        chooses (:func:`remat_opt.solve._body.choose_saved` over :func:`remat_opt.planner._saved_bytes.time_graph` of the body), in
         the bytes per iteration the budget leaves above the body under ``nothing_saveable``, in
-        each share of them in :data:`CAP_SHARES`."""
+        each share of them in :data:`remat_opt.planner._saved_bytes.CAP_SHARES`."""
         positions = planned_scans(self.traced)
         peaks = {c.loop_plan.policy: c.peak_bytes for c in measured
                  if c.loop_plan is not None and c.loop_plan.policy is not None}
@@ -339,11 +333,11 @@ class _Search:
             return []
         body = scan_body(self.traced, positions[0])
         graph = _time_graph_of(self.call, "body", body.program)
-        model = {p: body.length * b for p, b in _dot_bytes(graph).items()}
-        allowance = (self.call.budget - least) / (_xla_bytes_per_model_byte(model, peaks, least) * body.length)
+        model = {p: body.length * b for p, b in dot_bytes(graph).items()}
+        allowance = (self.call.budget - least) / (xla_bytes_per_model_byte(model, peaks, least) * body.length)
         out: list[Candidate] = []
         seen: set[tuple[str, ...]] = set()
-        for cap in _caps(allowance):
+        for cap in saving_caps(allowance):
             saved = choose_saved(graph, cap, BODY_SOLVER).saved
             if saved and saved not in seen:
                 seen.add(saved)
@@ -421,50 +415,6 @@ class _Search:
         return self._inputs
 
 
-def _caps(allowance: float) -> list[int]:
-    """The bytes to choose saved values in: each share of :data:`CAP_SHARES` of ``allowance``
-    (none when the budget leaves nothing)."""
-    return [int(share * allowance) for share in CAP_SHARES] if allowance > 0 else []
-
-
-def time_graph(traced: TracedProgram) -> ProgramGraph:
-    """``traced``'s graph with each unit priced by its time on the default device
-    (:class:`RooflineCostModel` at the device's ridge for the program's matmul dtype)."""
-    dots = [e for e in traced.jaxpr.jaxpr.eqns if e.primitive.name == "dot_general"]
-    dtype = getattr(dots[0].invars[0].aval, "dtype", jax.numpy.float32) if dots else jax.numpy.float32
-    return build_graph(traced, RooflineCostModel(device_ridge(dtype)))
-
-
-def _dot_bytes(graph: ProgramGraph, spans: Sequence[tuple[int, int]] | None = None) -> dict[str, int]:
-    """Bytes of the values each per-layer dot policy saves, on ``graph`` (within ``spans``, or all)."""
-    out = {}
-    for policy, batch_dims in (("dots_saveable", True), ("dots_with_no_batch_dims_saveable", False)):
-        buffers = {graph.buffer[v] for v in dot_names(graph, batch_dims)
-                   if spans is None or any(lo <= graph.position_of(v) < hi for lo, hi in spans)}
-        out[policy] = sum(graph.node_bytes[b] for b in buffers)
-    return out
-
-
-def _layer_bytes(graph: ProgramGraph, layers: Layers, saved: frozenset[int]) -> list[int]:
-    """Per layer, the bytes of the values of ``saved`` it makes (each buffer once)."""
-    buffers: list[set[int]] = [set() for _ in range(layers.count)]
-    spans = layers.spans()
-    for v in saved:
-        k = next((k for k, (lo, hi) in enumerate(spans) if lo <= graph.position_of(v) < hi), None)
-        if k is not None:
-            buffers[k].add(graph.buffer[v])
-    return [sum(graph.node_bytes[b] for b in bs if b >= 0) for bs in buffers]
-
-
-def _xla_bytes_per_model_byte(model_bytes: dict[str, int], peaks: dict[str, int | None], least_peak: int) -> float:
-    """What XLA's peak grows by per byte the model saves, read off the measured dot policies against
-    the least-memory one (``peaks``; ``model_bytes`` what each saves, all layers or iterations
-    counted); 1 where none was measured; within [0.5, 4]."""
-    ratios = [(model_bytes[p], (peak - least_peak) / model_bytes[p])
-              for p, peak in peaks.items() if peak is not None and model_bytes.get(p, 0) > 0]
-    return min(4.0, max(0.5, max(ratios)[1])) if ratios else 1.0
-
-
 _MEASURED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _GRAPHS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -483,7 +433,7 @@ def _measured(call: TimedCall) -> dict[str, tuple[Compiled, float | None, Candid
 
 
 def _time_graph_of(call: TimedCall, part: str, traced: TracedProgram) -> ProgramGraph:
-    """:func:`time_graph` of ``traced`` (``part`` of ``call``'s program: ``"layers"``, the whole, or
+    """:func:`remat_opt.planner._saved_bytes.time_graph` of ``traced`` (``part`` of ``call``'s program: ``"layers"``, the whole, or
     ``"body"``, its scan's body), built once per function and arguments in this process."""
     graphs = _per_call(_GRAPHS, call)
     if part not in graphs:
