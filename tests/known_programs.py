@@ -53,10 +53,11 @@ MOVED_TO_DEV: dict[str, tuple[int, ...]] = {"branches": (10_154,)}
 peak, session 44): development since, each replaced by a seed past :data:`EVAL_SEEDS`."""
 
 
-FRESH_MOVED_TO_DEV: dict[str, tuple[int, ...]] = {"branches": (20_026, 20_059)}
+FRESH_MOVED_TO_DEV: dict[str, tuple[int, ...]] = {"branches": (20_026, 20_059, 20_088)}
 """The same for :data:`FRESH_SEEDS` (20026: a two-matmul program whose cheaper keep-set the model
 put out of the second look's reach, session 46; 20059: three matmuls whose cheapest keep-set XLA
-fits on one of two twin segmentations and not on the other, session 47)."""
+fits on one of two twin segmentations and not on the other, session 47; 20088: five matmuls whose
+keep-sets measured over the model on the greedy's segmentation, the fit on its twin, session 48)."""
 
 
 def seeds_of(family: str, held_out: bool, fresh: bool = False) -> list[int]:

@@ -100,7 +100,8 @@ def measured_keep_set(graph: ProgramGraph, budget: int, measure: Callable[[Sched
     XLA's peak is not monotone in the kept set); then up to :data:`SECOND_LOOK` keep-sets
     the model puts cheaper, on any segmentation that fits keeping nothing (or the lowest),
     the cheapest first, each once (segmentations that differ only by where an elementwise
-    equation falls measure alike: a look each would spend the looks on twins): first those
+    equation falls mostly measure alike: a look each would spend the looks on twins; the first
+    on the twin whose peak, corrected by the model's mean error there, is lowest): first those
     whose peak, corrected by the model's least error on the keep-sets measured, is over by no
     more than :data:`SECOND_LOOK_SLACK`, then, with the looks left, the others (:func:`_looks`).
     With ``exhaustive``
@@ -135,7 +136,8 @@ def measured_keep_set(graph: ProgramGraph, budget: int, measure: Callable[[Sched
     # The second look: on every segmentation that fits keeping nothing, and the lowest.
     names = [v for _, v in dots]
     least = min(e for es in errors.values() for e in es)  # the model's most generous error here
-    ranked = _second_look(graph, list(errors), names, measured)
+    offsets = {c: sum(es) / len(es) for c, es in errors.items()}
+    ranked = _likeliest_first(_second_look(graph, list(errors), names, measured), offsets)
     ceiling = simulate(graph, best[0]).recompute_flops if best is not None else None
     best = _looks(ranked, budget, measure, (best, ceiling), least, measured)
     if best is None and exhaustive:
@@ -190,6 +192,22 @@ def _second_look(graph: ProgramGraph, segmentations: list[frozenset[int]], names
                     sim = simulate(graph, s)
                     ranked.append((sim.recompute_flops, len(kept), sorted(cuts), sorted(kept), sim.peak_bytes, s))
     return [(flops, s, predicted) for flops, *_, predicted, s in sorted(ranked, key=lambda r: r[:4])]
+
+
+def _likeliest_first(ranked: list[tuple[int, Schedule, int]], offsets: dict[frozenset[int], float]
+                     ) -> list[tuple[int, Schedule, int]]:
+    """``ranked`` (the fewest FLOPs first) with each keep-set's twins (the same outputs kept, as many
+    FLOPs recomputed, on other segmentations) in the places they hold, the one the model puts
+    lowest first, its peak corrected by ``offsets`` (per segmentation, the model's mean error on
+    the keep-sets measured there)."""
+    places: dict[tuple[int, frozenset[int]], list[int]] = {}
+    for k, (flops, schedule, _) in enumerate(ranked):
+        places.setdefault((flops, schedule.saved), []).append(k)
+    out = list(ranked)
+    for at in places.values():
+        for k, r in zip(at, sorted((ranked[k] for k in at), key=lambda r: r[2] + offsets[r[1].cuts])):
+            out[k] = r
+    return out
 
 
 def _first_fitting(graph: ProgramGraph, budget: int, measure: Callable[[Schedule], int], cuts: frozenset[int],
