@@ -255,8 +255,8 @@ def plan_row(name: str, loss: Callable, args: tuple, budget: int, budget_name: s
     executable, peak, _ = compiled_step(step, args)
     row.update(peak_bytes=peak, fits=peak <= budget, predicted_peak_bytes=plan.predicted_peak_bytes,
                status=plan.status, recompute_fraction=round(plan.recompute_overhead, 4),
-               plan=str(plan.layer_plan or plan.loop_plan or plan.whole_policy or plan.schedule and
-                        f"{plan.num_segments} segments" or "plain"),
+               plan=str(plan.layer_plan or plan.loop_plan or plan.whole_policy or
+                        (plan.schedule and not plan.schedule.plain and f"{plan.num_segments} segments") or "plain"),
                candidates=len(plan.timed))
     want, reference = gradients
     grads = executable(*args)[1]
