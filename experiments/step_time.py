@@ -28,7 +28,8 @@ is no larger than the plain row's.
 
 Usage:
     python experiments/step_time.py [--programs gpt6,gpt12,resnet,gpt_scan,flax_scan] [--fractions 0.5,0.3]
-                                    [--repeats 10] [--budgets device] [--objective auto] [--out DIR] [--log] [--quick | --peaks dots_saveable]
+                                    [--repeats 10] [--budgets device] [--objective auto] [--out DIR] [--log]
+                                    [--quick | --peaks dots_saveable]
 
 Writes ``<out>/step_time_<platform>.csv`` after each program, stamped with the
 jax version, machine and device.
