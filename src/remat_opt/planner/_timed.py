@@ -33,7 +33,8 @@ user's code, and then goes between them:
    device is measured to have), in the bytes the budget leaves above the
    least-memory per-layer plan (read as XLA's bytes through the measured
    peaks of the per-layer dot policies), and in shares of those bytes
-   (:data:`remat_opt.planner._saved_bytes.CAP_SHARES`): the device, not the model, says whether saving more pays.
+   (:data:`remat_opt.planner._saved_bytes.CAP_SHARES`): the device, not the model, says
+   whether saving more pays.
 
 Steps 3 and 4 are compiled together, and run where they fit. Before it is compiled, each of
 their per-layer candidates is given an estimate of XLA's peak, from the peaks step 2 measured
@@ -293,8 +294,9 @@ class _Search:
 
     def saves_by_time(self, measured: list[Candidate]) -> list[Candidate]:
         """Every layer saving the values the time model chooses (:func:`layer_saves` over
-        :func:`remat_opt.planner._saved_bytes.time_graph`) in the bytes the budget leaves above the least-memory per-layer plan;
-        in each share of them in :data:`remat_opt.planner._saved_bytes.CAP_SHARES`, and in all with the last layer as written."""
+        :func:`remat_opt.planner._saved_bytes.time_graph`) in the bytes the budget leaves above the
+        least-memory per-layer plan; in each share of them in
+        :data:`remat_opt.planner._saved_bytes.CAP_SHARES`, and in all with the last layer as written."""
         if self.layers is None:
             return []
         uniform = self._uniform_of(measured)
@@ -322,9 +324,10 @@ class _Search:
 
     def body_saves_by_time(self, measured: list[Candidate]) -> list[Candidate]:
         """For a program whose layers are one ``lax.scan``: its body saving the values the time model
-        chooses (:func:`remat_opt.solve._body.choose_saved` over :func:`remat_opt.planner._saved_bytes.time_graph` of the body), in
-        the bytes per iteration the budget leaves above the body under ``nothing_saveable``, in
-        each share of them in :data:`remat_opt.planner._saved_bytes.CAP_SHARES`."""
+        chooses (:func:`remat_opt.solve._body.choose_saved` over
+        :func:`remat_opt.planner._saved_bytes.time_graph` of the body), in the bytes per iteration
+        the budget leaves above the body under ``nothing_saveable``, in each share of them in
+        :data:`remat_opt.planner._saved_bytes.CAP_SHARES`."""
         positions = planned_scans(self.traced)
         peaks = {c.loop_plan.policy: c.peak_bytes for c in measured
                  if c.loop_plan is not None and c.loop_plan.policy is not None}
@@ -433,8 +436,9 @@ def _measured(call: TimedCall) -> dict[str, tuple[Compiled, float | None, Candid
 
 
 def _time_graph_of(call: TimedCall, part: str, traced: TracedProgram) -> ProgramGraph:
-    """:func:`remat_opt.planner._saved_bytes.time_graph` of ``traced`` (``part`` of ``call``'s program: ``"layers"``, the whole, or
-    ``"body"``, its scan's body), built once per function and arguments in this process."""
+    """:func:`remat_opt.planner._saved_bytes.time_graph` of ``traced`` (``part`` of ``call``'s
+    program: ``"layers"``, the whole, or ``"body"``, its scan's body), built once per function and
+    arguments in this process."""
     graphs = _per_call(_GRAPHS, call)
     if part not in graphs:
         graphs[part] = time_graph(traced)
