@@ -21,7 +21,7 @@ from remat_opt.rewrite import LayerPlan, layer_program
 from remat_opt.rewrite import recipe_candidates, user_names
 from remat_opt.solve import save_candidates
 from remat_opt.solve import Layers, layers_of
-from remat_opt.solve._stage_saves import layer_names, layer_saves, layer_stages, saveable
+from remat_opt.solve._stage_saves import layer_names, layer_saves, layer_stages, recomputed_units, saveable
 from remat_opt.zoo import MODELS, ResNetConfig
 
 
@@ -83,27 +83,56 @@ def _recompute_cost(graph, stages, saved):
     return total
 
 
-def test_the_layers_saves_are_the_least_recompute_under_the_cap_as_brute_force_finds(mlp_graph):
+@pytest.mark.parametrize("priced", [False, True])
+def test_each_layers_saves_cost_the_least_for_the_bytes_they_take_as_brute_force_finds(mlp_graph, priced):
+    """Each layer's saved set: under the cap all layers share, and no other set of that layer, in
+    no more bytes, costs less (its recompute, plus, when ``priced``, what keeping its values
+    costs); a larger cap never costs more."""
     _, _, graph, layers = mlp_graph
-    stages = layer_stages(graph, Layers(layers.cuts[:3], layers.size))  # two layers: 2^k subsets stay few
-    own = {v for s in stages for u in s.units for v in graph.units[u].outputs}
-    exits = set().union(*(s.exits for s in stages))
-    candidates = saveable(graph, own, exits, save_candidates(graph))
-    assert 4 <= len(candidates) <= 16
+    two = Layers(layers.cuts[:3], layers.size)  # two layers: 2^k subsets stay few
+    stages = layer_stages(graph, two)
+    store = {v: 3 * graph.node_bytes[v] * 8 for v in save_candidates(graph)} if priced else {}
 
     def nbytes(subset):
         return sum(graph.node_bytes[b] for b in {graph.buffer[v] for v in subset})
 
-    total = nbytes(candidates)
+    def cost(stage, subset):
+        kept = {}
+        for v in subset:
+            kept[graph.buffer[v]] = max(kept.get(graph.buffer[v], 0), store.get(v, 0))
+        return _recompute_cost(graph, [stage], set(subset)) + sum(kept.values())
+
+    own = [saveable(graph, {v for u in s.units for v in graph.units[u].outputs}, s.exits, save_candidates(graph))
+           for s in stages]
+    assert all(3 <= len(c) <= 14 for c in own)
+    total = nbytes([v for c in own for v in c])
     caps = [0, total // 4, total // 2, total]
-    found = layer_saves(graph, Layers(layers.cuts[:3], layers.size), caps)
+    found = layer_saves(graph, two, caps, store=store or None)
+    costs = []
     for cap, saved in zip(caps, found):
-        best = min(_recompute_cost(graph, stages, set(subset))
-                   for r in range(len(candidates) + 1) for subset in itertools.combinations(candidates, r)
-                   if nbytes(subset) <= cap)
         assert saved is not None and nbytes(saved) <= cap
-        assert _recompute_cost(graph, stages, saved) == best
-    assert _recompute_cost(graph, stages, found[-1]) < _recompute_cost(graph, stages, found[0])
+        costs.append(0)
+        for stage, candidates in zip(stages, own):
+            mine = [v for v in saved if v in candidates]
+            best = min(cost(stage, subset) for r in range(len(candidates) + 1)
+                       for subset in itertools.combinations(candidates, r) if nbytes(subset) <= nbytes(mine))
+            assert cost(stage, mine) == best
+            costs[-1] += best
+    assert costs == sorted(costs, reverse=True) and costs[-1] < costs[0]
+    if priced:  # keeping a value costs more than recomputing a cheap one: not every byte is spent
+        assert nbytes(found[-1]) < nbytes(found[-1] | set(own[0]) | set(own[1]))
+
+
+def test_a_layers_recomputed_units_are_the_least_its_saved_set_allows(mlp_graph):
+    _, _, graph, layers = mlp_graph
+    stage = layer_stages(graph, layers)[1]
+    candidates = saveable(graph, {v for u in stage.units for v in graph.units[u].outputs}, stage.exits,
+                          save_candidates(graph))
+    for r in (0, 1, len(candidates)):
+        saved = set(candidates[:r])
+        got = recomputed_units(graph, stage, saved)
+        assert sum(graph.units[u].flops for u in got if u in graph.primal) == _recompute_cost(graph, [stage], saved)
+    assert recomputed_units(graph, stage, set()) > recomputed_units(graph, stage, set(candidates))
 
 
 @pytest.mark.parametrize("fenced", [False, True])

@@ -13,7 +13,8 @@ is needed, nothing more. So on the body's graph
 * a residual (a value the backward reads) is saved or its equation re-runs;
 * an equation that re-runs has each operand saved, re-run, or a body input;
 * the saved bytes fit ``cap_bytes``, the memory one iteration may keep;
-* minimize the FLOPs re-run, then the bytes saved.
+* minimize the FLOPs re-run (plus, where a ``store`` cost is given, what
+  keeping the saved values costs, in the same units), then the bytes saved.
 
 The loop multiplies both by its length; the caller sets ``cap_bytes`` from the
 budget and XLA's measurements (:mod:`remat_opt.planner._loop_planning`).
@@ -22,6 +23,7 @@ budget and XLA's measurements (:mod:`remat_opt.planner._loop_planning`).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
@@ -60,8 +62,10 @@ def saveable_nodes(graph: ProgramGraph) -> dict[int, str]:
     return out
 
 
-def choose_saved(graph: ProgramGraph, cap_bytes: int, options: SolverOptions = SolverOptions()) -> BodyChoice:
-    """The saved set with the fewest re-run FLOPs whose bytes fit ``cap_bytes``.
+def choose_saved(graph: ProgramGraph, cap_bytes: int, options: SolverOptions = SolverOptions(),
+                 store: Mapping[int, int] | None = None) -> BodyChoice:
+    """The saved set with the fewest re-run FLOPs (plus ``store`` costs of what it saves, by node)
+    whose bytes fit ``cap_bytes``.
 
     Saving nothing is always feasible (every residual can be re-run from the
     body's inputs), so a cap of 0 or less gives the empty set.
@@ -86,7 +90,8 @@ def choose_saved(graph: ProgramGraph, cap_bytes: int, options: SolverOptions = S
     quanta = {n: math.ceil(graph.node_bytes[n] / quantum) for n in save}
     weight = sum(quanta.values()) + 1
     flops = sum(u.flops * r for u, r in zip(graph.units, rerun))
-    model.minimize(weight * flops + sum(quanta[n] * s for n, s in save.items()))
+    kept = sum((store or {}).get(n, 0) * s for n, s in save.items())
+    model.minimize(weight * (flops + kept) + sum(quanta[n] * s for n, s in save.items()))
     for r in rerun:  # start from saving nothing: feasible at any cap
         model.add_hint(r, True)
     for s in save.values():

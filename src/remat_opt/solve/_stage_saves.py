@@ -9,12 +9,15 @@ saves; its backward recomputes, from those, every residual it does not save.
   saved or recomputed;
 * a recomputed unit's inputs made in the stage are saved or recomputed in turn;
 * the saved buffers' bytes stay under a cap (one literal per cap, to assume);
-* the objective is the recomputed units' weight, then the saved bytes.
+* the objective is the recomputed units' weight plus what keeping the saved
+  values costs (``store``, where given), then the saved bytes.
 
 The weight is what recomputing a unit costs: its FLOPs
 (:mod:`remat_opt.solve._block_solve`) or its time on the device
 (:class:`remat_opt.program._roofline.RooflineCostModel`, for the step-time
-search). A model may hold several stages, each checkpointed on its own, under
+search, whose ``store`` is the time of writing and reading a saved value back:
+:func:`remat_opt.planner._saved_bytes.store_costs`). :func:`recomputed_units`
+is what a stage runs again for a given saved set. A model may hold several stages, each checkpointed on its own, under
 one cap on the bytes they save together: :func:`layer_saves` solves a
 program's layers so, and :func:`layer_names` names what each saves.
 """
@@ -75,7 +78,8 @@ class Stage:
 
 
 def stage_model(graph: ProgramGraph, stages: Sequence[Stage], candidates: Sequence[int],
-                weight: Mapping[int, int], caps: Sequence[int]) -> StageModel:
+                weight: Mapping[int, int], caps: Sequence[int],
+                store: Mapping[int, int] | None = None) -> StageModel:
     """The model of ``stages``, each checkpointed on its own, their saved bytes summed under one
     cap (see the module docstring).
 
@@ -83,6 +87,8 @@ def stage_model(graph: ProgramGraph, stages: Sequence[Stage], candidates: Sequen
         candidates: nodes that may be saved by name.
         weight: per unit, the cost of recomputing it (units absent cost nothing).
         caps: caps on the saved bytes of all stages, one literal each in :attr:`StageModel.caps`.
+        store: per node, the cost of keeping it, in ``weight``'s units (a buffer costs its
+            dearest saved node's; nodes absent cost nothing).
     """
     g, m = graph, cp_model.CpModel()
     save: dict[int, cp_model.IntVar] = {}
@@ -93,17 +99,21 @@ def stage_model(graph: ProgramGraph, stages: Sequence[Stage], candidates: Sequen
         rc.update({x: m.new_bool_var(f"r{x}") for x in stage.units})
         _recompute_or_save(m, g, stage, own, save, rc)
     buffers: dict[int, cp_model.IntVar] = {}
+    kept: dict[int, int] = {}  # per buffer, what keeping it costs
     for v, s in save.items():
         buffers.setdefault(g.buffer[v], m.new_bool_var(f"b{g.buffer[v]}"))
         m.add_implication(s, buffers[g.buffer[v]])
+        kept[g.buffer[v]] = max(kept.get(g.buffer[v], 0), (store or {}).get(v, 0))
     total = sum(g.node_bytes[b] for b in buffers)
     saved_bytes = sum(g.node_bytes[b] * y for b, y in buffers.items())
     cap_literals = [m.new_bool_var(f"cap{k}") for k in range(len(caps))]
     for cap, lit in zip(caps, cap_literals):
         m.add(saved_bytes <= cap).only_enforce_if(lit)
     quantum = max(1, -(-total // 1000))
-    scale = max(1, -(-sum(weight.get(x, 0) for x in rc) * (total // quantum + 1) // 2**60))  # within int64
+    most = sum(weight.get(x, 0) for x in rc) + sum(kept.values())
+    scale = max(1, -(-most * (total // quantum + 1) // 2**60))  # within int64
     cost = sum((weight[x] // scale) * r for x, r in rc.items() if x in weight)
+    cost += sum((kept[b] // scale) * y for b, y in buffers.items())
     m.minimize((total // quantum + 1) * cost + sum((g.node_bytes[b] // quantum) * y for b, y in buffers.items()))
     return StageModel(m, save, cap_literals, total)
 
@@ -136,14 +146,77 @@ def layer_stages(graph: ProgramGraph, layers: Layers) -> list[Stage]:
     return out
 
 
-def layer_saves(graph: ProgramGraph, layers: Layers, caps: Sequence[int],
-                seconds: float = 2.0) -> list[frozenset[int] | None]:
-    """Per cap on the bytes all layers save, what each saves for the least recompute, weighted by
-    the graph's unit costs (``None`` where the solver found nothing)."""
+def layer_saves(graph: ProgramGraph, layers: Layers, caps: Sequence[int], seconds: float = 20.0,
+                store: Mapping[int, int] | None = None) -> list[frozenset[int] | None]:
+    """Per cap on the bytes all layers save, what each saves for the least recompute (plus, where
+    ``store`` is given, the least cost of keeping what it saves: see :func:`stage_model`),
+    weighted by the graph's unit costs (``None`` where the solver found nothing).
+
+    Each layer gets the share of the cap that its saveable bytes are of all layers', and is
+    solved on its own (a model of one layer is solved to optimality in well under a second;
+    one of all layers together, with their symmetry, is not). Layers alike
+    (:func:`stage_signature`) are solved once: the others save the same values, moved over."""
     stages = layer_stages(graph, layers)
     weight = {x: graph.units[x].flops for stage in stages for x in stage.units if x in graph.primal}
-    model = stage_model(graph, stages, save_candidates(graph), weight, caps)
-    return [model.solve(k, seconds) for k in range(len(caps))]
+    candidates = save_candidates(graph)
+    share = [sum(graph.node_bytes[v] for v in saveable(graph, {v for x in st.units for v in graph.units[x].outputs},
+                                                        st.exits, candidates)) for st in stages]
+    share = [b / (sum(share) or 1) for b in share]
+    alike: dict[tuple, list[int]] = {}
+    for k, stage in enumerate(stages):
+        alike.setdefault(stage_signature(graph, stage), []).append(k)
+    out: list[set[int] | None] = [set() for _ in caps]
+    for members in alike.values():
+        first, least = stages[members[0]], min(share[k] for k in members)
+        model = stage_model(graph, [first], candidates, weight, [int(least * c) for c in caps], store)
+        for j in range(len(caps)):
+            saved, kept = model.solve(j, seconds), out[j]
+            if saved is None or kept is None:
+                out[j] = None
+                continue
+            for k in members:
+                kept.update(_moved(graph, first, stages[k], saved))
+    return [None if kept is None else frozenset(kept) for kept in out]
+
+
+def stage_signature(graph: ProgramGraph, stage: Stage) -> tuple:
+    """What a stage computes, up to which values it reads from outside: per unit, its primitive,
+    its outputs' bytes, whether each is a residual or handed on, and where each input comes from
+    (a unit of the stage, by rank, or outside it, by bytes). Two stages alike have equal ones."""
+    rank = {x: k for k, x in enumerate(stage.units)}
+    out = []
+    for x in stage.units:
+        unit = graph.units[x]
+        inputs = tuple((rank[graph.node_unit[w]], graph.units[graph.node_unit[w]].outputs.index(w))
+                       if graph.node_unit[w] in rank else ("outside", graph.node_bytes[w]) for w in unit.inputs)
+        outputs = tuple((graph.node_bytes[v], graph.residual[v], v in stage.exits) for v in unit.outputs)
+        out.append((unit.primitive, inputs, outputs))
+    return tuple(out)
+
+
+def _moved(graph: ProgramGraph, source: Stage, target: Stage, saved: frozenset[int]) -> set[int]:
+    """``saved``, nodes of stage ``source``, as the same nodes of ``target`` (a stage alike)."""
+    where = {v: (k, i) for k, x in enumerate(source.units) for i, v in enumerate(graph.units[x].outputs)}
+    return {graph.units[target.units[where[v][0]]].outputs[where[v][1]] for v in saved}
+
+
+def recomputed_units(graph: ProgramGraph, stage: Stage, saved: Collection[int]) -> frozenset[int]:
+    """The units ``stage``'s backward runs again when it saves ``saved``: each that makes a residual
+    the stage neither saves nor hands on, and, in turn, each that makes an input (made in the
+    stage, not saved, not handed on) of a unit it runs again. JAX's checkpoint reruns exactly
+    these: the least set :func:`stage_model`'s constraints allow for this saved set."""
+    def needed(v: int) -> bool:
+        return stage.lo <= graph.position_of(v) < stage.hi and v not in stage.exits and v not in saved
+
+    stack = [graph.node_unit[v] for x in stage.units for v in graph.units[x].outputs
+             if graph.residual[v] and needed(v)]
+    done: set[int] = set()
+    while stack:
+        x = stack.pop()
+        if x not in done:
+            done.add(x)
+            stack += [graph.node_unit[w] for w in graph.units[x].inputs if needed(w)]
+    return frozenset(done)
 
 
 def layer_names(graph: ProgramGraph, layers: Layers, saved: frozenset[int]) -> list[tuple[str, ...]]:
