@@ -13,6 +13,7 @@ import pytest
 
 import remat_opt
 from remat_opt.memory import _timing
+from remat_opt.planner import _timed
 from remat_opt.program import trace
 from remat_opt.rewrite import LayerPlan, layer_program
 from remat_opt.program._trace import with_signature
@@ -95,6 +96,20 @@ def test_the_search_returns_the_fastest_candidate_that_fits(mlp_args):
     if plan.layer_plan is not None and not plan.layer_plan.fenced:
         assert bare and bare[0].peak_bytes <= 0.75 * plain
     assert "step" in str(plan) and "ms" in str(plan)
+
+
+def test_of_the_plans_between_the_one_line_ones_only_those_the_time_model_prices_lowest_are_compiled(
+        mlp_args, caplog):
+    def loss(params, x):  # a function of its own: nothing this process measured is recalled
+        return residual_mlp(params, x)
+
+    plain = remat_opt.peak_bytes(residual_mlp, *mlp_args)
+    with caplog.at_level("INFO", logger="remat_opt"):
+        plan = remat_opt.optimize(loss, int(0.8 * plain), objective="time", cache=False).plan(*mlp_args)
+    assert plan.fits and "by the time model: not compiled" in caplog.text
+    between = [t.label for t in plan.timed if t.label.startswith(("layers:", "every layer saving"))]
+    for family in (False, True):  # bare, and fenced where its own round ran
+        assert len([b for b in between if b.endswith("(fenced)") == family]) <= _timed.BETWEEN_COMPILES
 
 
 def test_a_candidate_the_device_cannot_fit_is_a_figure_not_a_crash(mlp_args, monkeypatch):

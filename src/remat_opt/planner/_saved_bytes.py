@@ -1,7 +1,9 @@
 """What the step-time search's saved values cost: the program priced by time on the device, and
 the bytes saved values take, as the model counts them and as XLA's peak grows with them.
 
-:func:`time_graph` prices each unit by its time at the device's ridge; :func:`dot_bytes` and
+:func:`time_graph` prices each unit by its time at the device's ridge, and :func:`store_costs` each
+value kept for the backward by the time of writing and reading it; :func:`layer_cost` adds both up
+for a per-layer plan, to rank candidates before they are compiled; :func:`dot_bytes` and
 :func:`layer_bytes` count the bytes a dot policy or a chosen saved set keeps;
 :func:`xla_bytes_per_model_byte` scales them to XLA's measured peaks; :func:`saving_caps` are the byte
 allowances, shares of what the budget leaves (:data:`CAP_SHARES`), in which saved values are chosen.
@@ -15,15 +17,17 @@ import jax
 
 from ..memory._timing import device_ridge
 from ..program._graph import ProgramGraph, build_graph
+from ..program._cost import ELEMENTWISE_PRIMITIVES
 from ..program._roofline import RooflineCostModel
 from ..program._trace import TracedProgram
 from ..solve._layers import Layers
 from ..solve._policy_saves import dot_names
+from ..solve._stage_saves import layer_stages, recomputed_units
 
 CAP_SHARES = (1.0, 0.75, 0.5, 0.25)
 """The shares of the bytes a budget leaves in which the time model chooses saved values, one
-candidate each. Saving more is not always faster on the device (a stored value is written and read
-back, in a layout the compiler picks), which the model does not price: the device decides."""
+candidate each (the same set twice is one candidate). The model prices a stored value's traffic
+(:func:`store_costs`) but not the layout the compiler gives it: the device decides between them."""
 
 
 def saving_caps(allowance: float) -> list[int]:
@@ -32,12 +36,68 @@ def saving_caps(allowance: float) -> list[int]:
     return [int(share * allowance) for share in CAP_SHARES] if allowance > 0 else []
 
 
+def _ridge(traced: TracedProgram) -> float:
+    """The default device's ridge for the program's matmul dtype."""
+    dots = [e for e in traced.jaxpr.jaxpr.eqns if e.primitive.name == "dot_general"]
+    return device_ridge(getattr(dots[0].invars[0].aval, "dtype", jax.numpy.float32) if dots else jax.numpy.float32)
+
+
 def time_graph(traced: TracedProgram) -> ProgramGraph:
     """``traced``'s graph with each unit priced by its time on the default device
     (:class:`RooflineCostModel` at the device's ridge for the program's matmul dtype)."""
-    dots = [e for e in traced.jaxpr.jaxpr.eqns if e.primitive.name == "dot_general"]
-    dtype = getattr(dots[0].invars[0].aval, "dtype", jax.numpy.float32) if dots else jax.numpy.float32
-    return build_graph(traced, RooflineCostModel(device_ridge(dtype)))
+    return build_graph(traced, RooflineCostModel(_ridge(traced)))
+
+
+def store_cost(graph: ProgramGraph, v: int, ridge: float) -> int:
+    """What keeping value ``v`` for the backward costs, in FLOP-equivalents at ``ridge``: reading it
+    back, and, for the output of an elementwise equation (which XLA fuses into its readers unless
+    it is kept), writing it too. A name equation's output is priced as the value it names."""
+    unit = graph.units[graph.node_unit[v]]
+    while unit.primitive == "name" and unit.inputs:
+        unit = graph.units[graph.node_unit[unit.inputs[0]]]
+    passes = 2 if unit.primitive in ELEMENTWISE_PRIMITIVES else 1
+    return round(passes * ridge * graph.node_bytes[v])
+
+
+def store_costs(graph: ProgramGraph) -> dict[int, int]:
+    """:func:`store_cost` of every value a names policy can save (a name equation's output), on a
+    :func:`time_graph`."""
+    ridge = _ridge(graph.traced)
+    return {u.outputs[0]: store_cost(graph, u.outputs[0], ridge) for u in graph.units
+            if u.primitive == "name" and u.outputs}
+
+
+def policy_saves(graph: ProgramGraph, policy: object) -> frozenset[int] | None:
+    """What a stage under ``policy`` (a :data:`remat_opt.rewrite._layers.StagePolicy`) saves, as
+    nodes of ``graph`` (those of every stage; :func:`layer_cost` keeps each stage's own), or
+    ``None`` for a stage as written."""
+    if policy is None:
+        return None
+    if isinstance(policy, tuple) or policy == "everything_saveable":
+        names = set(policy) if isinstance(policy, tuple) else None
+        return frozenset(u.outputs[0] for u in graph.units if u.primitive == "name" and u.outputs
+                         and (names is None or u.name in names))
+    if policy in ("dots_saveable", "dots_with_no_batch_dims_saveable"):
+        return dot_names(graph, batch_dims=policy == "dots_saveable")
+    return frozenset()
+
+
+def layer_cost(graph: ProgramGraph, layers: Layers, saved: Sequence[frozenset[int] | None]) -> int:
+    """A per-layer plan's time on a :func:`time_graph`, in FLOP-equivalents, beyond what every plan
+    pays: per layer, the units it runs again and the values it keeps (:func:`store_cost`, each
+    buffer once), where ``saved[k]`` is what layer ``k`` saves under a checkpoint, or ``None`` for
+    a layer as written (it keeps its residuals and runs nothing again)."""
+    ridge, total = _ridge(graph.traced), 0
+    for stage, kept in zip(layer_stages(graph, layers), saved):
+        own = {v for x in stage.units for v in graph.units[x].outputs if v not in stage.exits}
+        if kept is None:
+            kept = frozenset(v for v in own if graph.residual[v])
+        else:
+            kept = frozenset(kept) & own
+            total += sum(graph.units[x].flops for x in recomputed_units(graph, stage, kept) if x in graph.primal)
+        buffers = {graph.buffer[v]: v for v in sorted(kept) if graph.buffer[v] >= 0}
+        total += sum(store_cost(graph, v, ridge) for v in buffers.values())
+    return total
 
 
 def dot_bytes(graph: ProgramGraph, spans: Sequence[tuple[int, int]] | None = None) -> dict[str, int]:

@@ -80,7 +80,8 @@ from ..solve._body import choose_saved
 from ..solve._layers import Layers, layers_of
 from ..solve._solve import SolverOptions
 from ..solve._stage_saves import layer_names, layer_saves
-from ._saved_bytes import dot_bytes, layer_bytes, saving_caps, time_graph, xla_bytes_per_model_byte
+from ._saved_bytes import (dot_bytes, layer_bytes, layer_cost, policy_saves, saving_caps, store_costs,
+                           time_graph, xla_bytes_per_model_byte)
 
 logger = logging.getLogger("remat_opt")
 
@@ -95,6 +96,11 @@ OVER_ESTIMATE = 1.1
 not compiled. The estimate adds per-layer shares of peaks XLA measured, as if each layer's cost
 were its own, so only a candidate clearly over the budget is dropped (its accuracy on the TPU:
 docs/measurements.md, "After the session-45 runs")."""
+
+BETWEEN_COMPILES = 2
+"""How many of the plans between the one-line ones (steps 3 and 4 of the module docstring) are
+compiled: those the time model prices lowest (:meth:`_Search.cheapest`). Each compile costs about
+as much as the plain step's; the device, not the model, then ranks the few compiled."""
 
 UNDONE = 0.75
 """A per-layer checkpoint that saves nothing but peaks above this share of the plain program's may
@@ -158,12 +164,14 @@ def timed_plan(call: TimedCall) -> tuple[Plan, Callable[..., Any]]:
     first = search.measure([Candidate("plain", call.fn), *search.uniform(fenced=False), *search.loops()])
     # The fenced layers, if the compiler may have undone the bare ones, beside the bare family's next round.
     fenced = search.uniform(fenced=True) if search.maybe_undone(first) else []
-    tried = first + search.measure(search.within_reach(search.between(first) + search.saves_by_time(first))
+    tried = first + search.measure(search.cheapest(search.within_reach(search.between(first)
+                                                                       + search.saves_by_time(first)))
                                    + search.body_saves_by_time(first) + fenced)
     if fenced:
         search.choose_family(tried)
         if search.fenced:  # its own next round
-            tried += search.measure(search.within_reach(search.between(tried) + search.saves_by_time(tried)))
+            tried += search.measure(search.cheapest(search.within_reach(search.between(tried)
+                                                                        + search.saves_by_time(tried))))
     tried += search.measure(search.recalled(tried))
     fitting = [c for c in tried if c.step_seconds is not None]
     if not fitting:
@@ -210,6 +218,23 @@ class _Search:
                 logger.info("candidate %s: estimated at %s, over the budget: not compiled", c.label,
                             format_bytes(c.estimate or 0))
         return kept
+
+    def cheapest(self, candidates: list[Candidate]) -> list[Candidate]:
+        """The :data:`BETWEEN_COMPILES` per-layer candidates the time model prices lowest
+        (:func:`remat_opt.planner._saved_bytes.layer_cost`), in ``candidates``' order; others as given."""
+        layered = [c for c in candidates if c.layer_plan is not None]
+        if len(layered) <= BETWEEN_COMPILES or self.layers is None:
+            return candidates
+        graph = _time_graph_of(self.call, "layers", self.traced)
+        stages = self.layers.layer_stages()
+        cost = {id(c): layer_cost(graph, self.layers, [policy_saves(graph, c.layer_plan.policies[s]) for s in stages])
+                for c in layered}
+        kept = {id(c) for c in sorted(layered, key=lambda c: cost[id(c)])[:BETWEEN_COMPILES]}
+        for c in layered:
+            if id(c) not in kept:
+                logger.info("candidate %s: priced above %d others by the time model: not compiled",
+                            c.label, BETWEEN_COMPILES)
+        return [c for c in candidates if c.layer_plan is None or id(c) in kept]
 
     def estimate(self, measured: list[Candidate], per_layer: Sequence[StagePolicy | float]) -> float | None:
         """XLA's peak for the layers under ``per_layer``, before it is compiled: the least-memory
@@ -310,7 +335,8 @@ class _Search:
         caps = saving_caps(allowance)
         out: list[Candidate] = []
         seen: set[frozenset[int]] = set()
-        for cap, saved in zip(caps, layer_saves(graph, self.layers, caps) if caps else []):
+        chosen = layer_saves(graph, self.layers, caps, store=store_costs(graph)) if caps else []
+        for cap, saved in zip(caps, chosen):
             if not saved or saved in seen:
                 continue
             seen.add(saved)
@@ -341,7 +367,7 @@ class _Search:
         out: list[Candidate] = []
         seen: set[tuple[str, ...]] = set()
         for cap in saving_caps(allowance):
-            saved = choose_saved(graph, cap, BODY_SOLVER).saved
+            saved = choose_saved(graph, cap, BODY_SOLVER, store_costs(graph)).saved
             if saved and saved not in seen:
                 seen.add(saved)
                 plan = LoopPlan(None, saved=saved)
