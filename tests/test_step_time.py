@@ -106,7 +106,7 @@ def test_of_the_plans_between_the_one_line_ones_only_those_the_time_model_prices
     plain = remat_opt.peak_bytes(residual_mlp, *mlp_args)
     with caplog.at_level("INFO", logger="remat_opt"):
         plan = remat_opt.optimize(loss, int(0.8 * plain), objective="time", cache=False).plan(*mlp_args)
-    assert plan.fits and "by the time model: not compiled" in caplog.text
+    assert plan.fits and "the time model prices lowest: not compiled" in caplog.text
     between = [t.label for t in plan.timed if t.label.startswith(("layers:", "every layer saving"))]
     for family in (False, True):  # bare, and fenced where its own round ran
         assert len([b for b in between if b.endswith("(fenced)") == family]) <= _timed.BETWEEN_COMPILES

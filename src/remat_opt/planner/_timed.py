@@ -102,6 +102,11 @@ BETWEEN_COMPILES = 2
 compiled: those the time model prices lowest (:meth:`_Search.cheapest`). Each compile costs about
 as much as the plain step's; the device, not the model, then ranks the few compiled."""
 
+SAFE = 0.9
+"""The share of the budget under which :meth:`_Search.cheapest` wants one pick estimated, so that a
+candidate likely to fit is compiled though the lowest priced may not fit (the estimate's error on
+the TPU: docs/measurements.md, "Step time on a TPU v5e")."""
+
 UNDONE = 0.75
 """A per-layer checkpoint that saves nothing but peaks above this share of the plain program's may
 have been undone by the compiler; the fenced ones are then measured too."""
@@ -220,8 +225,10 @@ class _Search:
         return kept
 
     def cheapest(self, candidates: list[Candidate]) -> list[Candidate]:
-        """The :data:`BETWEEN_COMPILES` per-layer candidates the time model prices lowest
-        (:func:`remat_opt.planner._saved_bytes.layer_cost`), in ``candidates``' order; others as given."""
+        """Of the per-layer candidates, :data:`BETWEEN_COMPILES`: the one the time model prices lowest
+        (:func:`remat_opt.planner._saved_bytes.layer_cost`) of those not estimated over the budget,
+        then the lowest priced of those estimated under :data:`SAFE` of it (the estimate errs: one
+        pick should fit), then the next lowest priced; in ``candidates``' order, others as given."""
         layered = [c for c in candidates if c.layer_plan is not None]
         if len(layered) <= BETWEEN_COMPILES or self.layers is None:
             return candidates
@@ -229,10 +236,18 @@ class _Search:
         stages = self.layers.layer_stages()
         cost = {id(c): layer_cost(graph, self.layers, [policy_saves(graph, c.layer_plan.policies[s]) for s in stages])
                 for c in layered}
-        kept = {id(c) for c in sorted(layered, key=lambda c: cost[id(c)])[:BETWEEN_COMPILES]}
+        ranked = sorted(layered, key=lambda c: cost[id(c)])
+        budget = self.call.budget
+        slots = [lambda c: c.estimate is None or c.estimate <= budget,
+                 lambda c: c.estimate is not None and c.estimate <= SAFE * budget] + [lambda c: True] * BETWEEN_COMPILES
+        kept: list[int] = []
+        for slot in slots:
+            pick = next((c for c in ranked if id(c) not in kept and slot(c)), None)
+            if pick is not None and len(kept) < BETWEEN_COMPILES:
+                kept.append(id(pick))
         for c in layered:
             if id(c) not in kept:
-                logger.info("candidate %s: priced above %d others by the time model: not compiled",
+                logger.info("candidate %s: not among the %d the time model prices lowest: not compiled",
                             c.label, BETWEEN_COMPILES)
         return [c for c in candidates if c.layer_plan is None or id(c) in kept]
 
