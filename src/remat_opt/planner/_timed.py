@@ -229,13 +229,14 @@ class _Search:
         (:func:`remat_opt.planner._saved_bytes.layer_cost`) of those not estimated over the budget,
         then the lowest priced of those estimated under :data:`SAFE` of it (the estimate errs: one
         pick should fit), then the next lowest priced; in ``candidates``' order, others as given."""
-        layered = [c for c in candidates if c.layer_plan is not None]
+        plans = {id(c): c.layer_plan for c in candidates if c.layer_plan is not None}
+        layered = [c for c in candidates if id(c) in plans]
         if len(layered) <= BETWEEN_COMPILES or self.layers is None:
             return candidates
         graph = _time_graph_of(self.call, "layers", self.traced)
         stages = self.layers.layer_stages()
-        cost = {id(c): layer_cost(graph, self.layers, [policy_saves(graph, c.layer_plan.policies[s]) for s in stages])
-                for c in layered}
+        cost = {key: layer_cost(graph, self.layers, [policy_saves(graph, plan.policies[s]) for s in stages])
+                for key, plan in plans.items()}
         ranked = sorted(layered, key=lambda c: cost[id(c)])
         budget = self.call.budget
         slots = [lambda c: c.estimate is None or c.estimate <= budget,

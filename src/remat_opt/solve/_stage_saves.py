@@ -112,8 +112,8 @@ def stage_model(graph: ProgramGraph, stages: Sequence[Stage], candidates: Sequen
     quantum = max(1, -(-total // 1000))
     most = sum(weight.get(x, 0) for x in rc) + sum(kept.values())
     scale = max(1, -(-most * (total // quantum + 1) // 2**60))  # within int64
-    cost = sum((weight[x] // scale) * r for x, r in rc.items() if x in weight)
-    cost += sum((kept[b] // scale) * y for b, y in buffers.items())
+    cost = sum((weight[x] // scale) * r for x, r in rc.items() if x in weight) + \
+        sum((kept[b] // scale) * y for b, y in buffers.items())
     m.minimize((total // quantum + 1) * cost + sum((g.node_bytes[b] // quantum) * y for b, y in buffers.items()))
     return StageModel(m, save, cap_literals, total)
 
@@ -159,9 +159,9 @@ def layer_saves(graph: ProgramGraph, layers: Layers, caps: Sequence[int], second
     stages = layer_stages(graph, layers)
     weight = {x: graph.units[x].flops for stage in stages for x in stage.units if x in graph.primal}
     candidates = save_candidates(graph)
-    share = [sum(graph.node_bytes[v] for v in saveable(graph, {v for x in st.units for v in graph.units[x].outputs},
+    sizes = [sum(graph.node_bytes[v] for v in saveable(graph, {v for x in st.units for v in graph.units[x].outputs},
                                                         st.exits, candidates)) for st in stages]
-    share = [b / (sum(share) or 1) for b in share]
+    share = [b / (sum(sizes) or 1) for b in sizes]
     alike: dict[tuple, list[int]] = {}
     for k, stage in enumerate(stages):
         alike.setdefault(stage_signature(graph, stage), []).append(k)
