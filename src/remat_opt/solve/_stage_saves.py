@@ -16,10 +16,11 @@ The weight is what recomputing a unit costs: its FLOPs
 (:mod:`remat_opt.solve._block_solve`) or its time on the device
 (:class:`remat_opt.program._roofline.RooflineCostModel`, for the step-time
 search, whose ``store`` is the time of writing and reading a saved value back:
-:func:`remat_opt.planner._saved_bytes.store_costs`). :func:`recomputed_units`
-is what a stage runs again for a given saved set. A model may hold several stages, each checkpointed on its own, under
-one cap on the bytes they save together: :func:`layer_saves` solves a
-program's layers so, and :func:`layer_names` names what each saves.
+:func:`remat_opt.planner._saved_bytes.store_costs`). A model may hold several
+stages, each checkpointed on its own, under one cap on the bytes they save
+together. :func:`layer_saves` solves a program's layers, each under its share of
+a cap; :func:`layer_names` names what each saves; :func:`recomputed_units` is
+what a stage runs again for a given saved set.
 """
 
 from __future__ import annotations
@@ -155,12 +156,14 @@ def layer_saves(graph: ProgramGraph, layers: Layers, caps: Sequence[int], second
     Each layer gets the share of the cap that its saveable bytes are of all layers', and is
     solved on its own (a model of one layer is solved to optimality in well under a second;
     one of all layers together, with their symmetry, is not). Layers alike
-    (:func:`stage_signature`) are solved once: the others save the same values, moved over."""
+    (:func:`stage_signature`) are solved once, under the least of their shares: the others save
+    the same values, moved over (those they may save)."""
     stages = layer_stages(graph, layers)
     weight = {x: graph.units[x].flops for stage in stages for x in stage.units if x in graph.primal}
     candidates = save_candidates(graph)
-    sizes = [sum(graph.node_bytes[v] for v in saveable(graph, {v for x in st.units for v in graph.units[x].outputs},
-                                                        st.exits, candidates)) for st in stages]
+    own = [set(saveable(graph, {v for x in st.units for v in graph.units[x].outputs}, st.exits, candidates))
+           for st in stages]
+    sizes = [sum(graph.node_bytes[v] for v in vs) for vs in own]
     share = [b / (sum(sizes) or 1) for b in sizes]
     alike: dict[tuple, list[int]] = {}
     for k, stage in enumerate(stages):
@@ -175,7 +178,7 @@ def layer_saves(graph: ProgramGraph, layers: Layers, caps: Sequence[int], second
                 out[j] = None
                 continue
             for k in members:
-                kept.update(_moved(graph, first, stages[k], saved))
+                kept.update(_moved(graph, first, stages[k], saved) & own[k])
     return [None if kept is None else frozenset(kept) for kept in out]
 
 
