@@ -5,7 +5,8 @@ FLOP-equivalents at the device's ridge). This script splits that price into elem
 reduction and other rerun (matmuls) and kept values, for the plans session 49's TPU runs timed
 (``experiments/results/tpu_logs/gpt6*_s49.log``: the search's own medians), and fits the step
 time as a line in the parts, with and without each part. It runs on the CPU: the graph is the
-program's, the ridge is set to the v5e's (288 FLOPs a byte, float32), and the chosen sets are
+program's, priced as that search priced it (elementwise rerun as a write; the search has since
+priced it as fused), the ridge set to the v5e's (288 FLOPs a byte, float32), and the chosen sets
 rebuilt at the caps the logs name. Prints; writes nothing. docs/measurements.md, "Session 49".
 
     python experiments/time_fit.py
@@ -16,9 +17,10 @@ from __future__ import annotations
 import numpy as np
 
 import remat_opt.memory._timing as timing
-from remat_opt.planner._saved_bytes import policy_saves, store_cost, store_costs, time_graph
+from remat_opt.planner._saved_bytes import layer_bytes, policy_saves, store_cost, store_costs, time_graph
 from remat_opt.program._cost import ELEMENTWISE_PRIMITIVES, REDUCTION_PRIMITIVES
-from remat_opt.program import trace
+from remat_opt.program import build_graph, trace
+from remat_opt.program._roofline import RooflineCostModel
 from remat_opt.solve import layers_of
 from remat_opt.solve._stage_saves import layer_saves, layer_stages, recomputed_units
 
@@ -63,7 +65,7 @@ def main() -> None:
     loss, args, _ = PROGRAMS["gpt6"]()
     traced = trace(loss, args, {}, (0,))
     layers = layers_of(traced)
-    graph = time_graph(traced)
+    graph = build_graph(traced, RooflineCostModel(RIDGE))  # the forward's price, as session 49's search had it
     rows = {p: (parts(graph, layers, [policy_saves(graph, p)] * layers.count), ms) for p, ms in POLICY_MS.items()}
     for mib, ms in CHOSEN_MS.items():
         saved = layer_saves(graph, layers, [mib * 2**20], store=store_costs(graph))[0]
@@ -73,10 +75,19 @@ def main() -> None:
         print(f"  {label}: {[round(x) for x in p]}; {ms}")
     x = np.array([[1.0, *p] for p, _ in rows.values()])
     y = np.array([ms for _, ms in rows.values()])
+    line = None
     for columns, name in (([0, 1, 2, 3, 4], "all four"), ([0, 2, 3, 4], "no elementwise"),
                           ([0, 3, 4], "other rerun and kept")):
         weights, *_ = np.linalg.lstsq(x[:, columns], y, rcond=None)
         print(f"{name}: weights {np.round(weights, 5)}; misses {np.round(x[:, columns] @ weights - y, 2)} ms")
+        line = weights if name == "no elementwise" else line
+    rerun = time_graph(traced)  # the search's price now: elementwise rerun fused
+    print("the sets the search now chooses at the same caps; the line without elementwise predicts:")
+    for mib in (1875, 1403, 936, 468, 425, 319, 212, 106):
+        saved = layer_saves(rerun, layers, [mib * 2**20], store=store_costs(rerun))[0]
+        p = parts(graph, layers, [saved] * layers.count)
+        print(f"  {len(saved)} values in {mib} MiB ({sum(layer_bytes(rerun, layers, saved)) / 2**20:.0f} MiB): "
+              f"{[round(v) for v in p]}; {line[0] + line[1:] @ np.array(p[1:]):.2f} ms")
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import remat_opt
-from remat_opt.program import build_graph
+from remat_opt.program import FlopCostModel, build_graph
 from remat_opt.program._roofline import RooflineCostModel, bytes_moved
 from remat_opt.program._trace import trace, with_signature
 from remat_opt.rewrite import LayerPlan, layer_program
@@ -34,6 +34,10 @@ def test_the_roofline_prices_memory_bound_work_by_its_bytes_and_matmuls_by_their
     assert model.eqn_flops(exp) == 20 * 256 * 256 * 4  # far above its 65,536 FLOPs
     assert model.eqn_flops(dot) == 2 * 256**3  # 33.5 MFLOPs, above 20 x 786,432 bytes
     assert RooflineCostModel(ridge=100.0).eqn_flops(dot) == 100 * 3 * 256 * 256 * 4  # now bound by its bytes
+    # Run again in the backward, elementwise work joins the fusion that reads it: its FLOPs alone.
+    rerun = RooflineCostModel(ridge=20.0, rerun=True)
+    assert bytes_moved(exp, rerun=True) == 0 and rerun.eqn_flops(exp) == FlopCostModel().eqn_flops(exp) < 20 * 256**2
+    assert rerun.eqn_flops(dot) == model.eqn_flops(dot)  # a matmul reads and writes either way
     with pytest.raises(ValueError, match="ridge"):
         RooflineCostModel(ridge=0)
 

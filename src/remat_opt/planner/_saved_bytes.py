@@ -43,9 +43,11 @@ def _ridge(traced: TracedProgram) -> float:
 
 
 def time_graph(traced: TracedProgram) -> ProgramGraph:
-    """``traced``'s graph with each unit priced by its time on the default device
-    (:class:`RooflineCostModel` at the device's ridge for the program's matmul dtype)."""
-    return build_graph(traced, RooflineCostModel(_ridge(traced)))
+    """``traced``'s graph with each unit priced by its time when the backward runs it again on the
+    default device (:class:`RooflineCostModel` at the device's ridge for the program's matmul
+    dtype, ``rerun``: elementwise work fused into its reader costs its FLOPs alone; on a TPU the
+    plans priced so fit the measured step times, docs/measurements.md, "Session 49")."""
+    return build_graph(traced, RooflineCostModel(_ridge(traced), rerun=True))
 
 
 def store_cost(graph: ProgramGraph, v: int, ridge: float) -> int:

@@ -27,19 +27,22 @@ user's code, and then goes between them:
 4. **Saved by time.** Built-in policies save by kind (every matmul, or
    none), but on an accelerator recomputing a softmax over ``seq x seq``
    scores costs more time than recomputing a projection. Each layer instead
-   saves the values a CP-SAT model chooses for the least recompute *time*
-   (:func:`remat_opt.solve._stage_saves.layer_saves`, each unit priced by
+   saves the values a CP-SAT model chooses for the least *time*
+   (:func:`remat_opt.solve._stage_saves.layer_saves`: each unit run again priced by
    :class:`remat_opt.program._roofline.RooflineCostModel` at the ridge the
-   device is measured to have), in the bytes the budget leaves above the
+   device is measured to have, each value kept by its write and read,
+   :func:`remat_opt.planner._saved_bytes.store_costs`), in the bytes the budget leaves above the
    least-memory per-layer plan (read as XLA's bytes through the measured
    peaks of the per-layer dot policies), and in shares of those bytes
-   (:data:`remat_opt.planner._saved_bytes.CAP_SHARES`): the device, not the model, says
-   whether saving more pays.
+   (:data:`remat_opt.planner._saved_bytes.CAP_SHARES`).
 
-Steps 3 and 4 are compiled together, and run where they fit. Before it is compiled, each of
-their per-layer candidates is given an estimate of XLA's peak, from the peaks step 2 measured
-(:meth:`_Search.estimate`); one estimated clearly over the budget (:data:`OVER_ESTIMATE`) is not
-compiled, and the returned plan's ``predicted_peak_bytes`` is its estimate.
+Before it is compiled, each per-layer candidate of steps 3 and 4 is given an estimate of XLA's
+peak, from the peaks step 2 measured (:meth:`_Search.estimate`); one estimated clearly over the
+budget (:data:`OVER_ESTIMATE`) is not compiled, and the returned plan's ``predicted_peak_bytes`` is
+its estimate. Of the rest, :data:`BETWEEN_COMPILES` are compiled together (:meth:`_Search.cheapest`:
+those the time model prices lowest, one of them estimated well under the budget), and run where
+they fit: each compile costs about one of the plain step, and the device, not the model, says
+which is faster.
 
 The fastest candidate that fits is the plan, among these and every candidate this process
 measured for the same function and arguments at other budgets (so that a larger budget is never

@@ -15,8 +15,11 @@ output (its operands are read from the fusion it joins); a reduction reads its
 operand; any other (a ``dot_general``, a convolution, a call) reads its operands
 and writes its outputs; data movement and metadata
 (:data:`remat_opt.program._cost.FREE_PRIMITIVES`) fuse into their readers and
-cost nothing. The figure is a ranking for the planner to choose candidates by;
-the device's measured step time judges them.
+cost nothing. With ``rerun=True`` the price is of running the equation again in
+the backward, where an elementwise equation joins the fusion that reads its
+output and moves no bytes of its own: it costs its FLOPs. The figure is a
+ranking for the planner to choose candidates by; the device's measured step
+time judges them.
 
 Example:
     >>> import jax, jax.numpy as jnp
@@ -39,13 +42,14 @@ def _bytes(atoms: list) -> int:
     return sum(aval_bytes(getattr(atom, "aval", None)) for atom in atoms)
 
 
-def bytes_moved(eqn: JaxprEqn) -> int:
-    """The bytes ``eqn`` moves through memory when XLA fuses it (see the module docstring)."""
+def bytes_moved(eqn: JaxprEqn, rerun: bool = False) -> int:
+    """The bytes ``eqn`` moves through memory when XLA fuses it, in the forward or (``rerun``) run
+    again in the backward (see the module docstring)."""
     name = eqn.primitive.name
     if name in FREE_PRIMITIVES:
         return 0
     if name in ELEMENTWISE_PRIMITIVES:
-        return _bytes(eqn.outvars)
+        return 0 if rerun else _bytes(eqn.outvars)
     if name in REDUCTION_PRIMITIVES:
         return _bytes(eqn.invars)
     return _bytes(eqn.invars) + _bytes(eqn.outvars)
@@ -58,10 +62,13 @@ class RooflineCostModel:
     Attributes:
         ridge: the device's FLOPs per byte of memory traffic (``> 0``).
         base: the FLOP count of an equation.
+        rerun: price an equation run again in the backward (elementwise work fused into its
+            reader: its FLOPs alone), not in the forward.
     """
 
     ridge: float
     base: CostModel = field(default_factory=FlopCostModel)
+    rerun: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.ridge, bool) or not isinstance(self.ridge, (int, float)) or not self.ridge > 0:
@@ -69,4 +76,4 @@ class RooflineCostModel:
 
     def eqn_flops(self, eqn: JaxprEqn) -> int:
         """The equation's cost in FLOP-equivalents: the larger of its FLOPs and its memory time."""
-        return max(int(self.base.eqn_flops(eqn)), round(self.ridge * bytes_moved(eqn)))
+        return max(int(self.base.eqn_flops(eqn)), round(self.ridge * bytes_moved(eqn, self.rerun)))
