@@ -226,7 +226,8 @@ def plan_entry(plan: Plan, kind: str, function: str) -> dict[str, Any]:
                                                 "names": plan.loop_plan.names}
     layers = None if plan.layer_plan is None else {
         "bounds": list(plan.layer_plan.bounds), "fenced": plan.layer_plan.fenced,
-        "policies": [list(p) if isinstance(p, tuple) else p for p in plan.layer_plan.policies]}
+        "policies": [list(p) if isinstance(p, tuple) else p for p in plan.layer_plan.policies],
+        "groups": [list(g) for g in plan.layer_plan.groups]}
     return {"versions": versions(), "kind": kind, "function": function,
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "plan": figures,
             "schedule": json.loads(plan.schedule.to_json()), "loop_plan": loop, "layer_plan": layers,
@@ -282,7 +283,8 @@ def entry_layer_plan(entry: Mapping[str, Any]) -> LayerPlan | None:
     if layers is None:
         return None
     policies = tuple(tuple(p) if isinstance(p, list) else p for p in layers["policies"])
-    return LayerPlan(tuple(int(b) for b in layers["bounds"]), policies, bool(layers["fenced"]))
+    groups = tuple((int(first), int(end)) for first, end in layers.get("groups", ()))
+    return LayerPlan(tuple(int(b) for b in layers["bounds"]), policies, bool(layers["fenced"]), groups)
 
 
 def plan_from_entry(entry: Mapping[str, Any], graph: Any) -> Plan:

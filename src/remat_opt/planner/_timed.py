@@ -36,6 +36,10 @@ user's code, and then goes between them:
    peaks of the per-layer dot policies), and in shares of those bytes
    (:data:`remat_opt.planner._saved_bytes.CAP_SHARES`).
 
+5. **Nested.** Where every layer under the least-memory policy does not fit, the same layers in
+   groups, each group under one more checkpoint that saves nothing (:meth:`_Search.nested`):
+   the forward keeps a group's input, not each layer's. Compiled with steps 3 and 4.
+
 Before it is compiled, each per-layer candidate of steps 3 and 4 is given an estimate of XLA's
 peak, from the peaks step 2 measured (:meth:`_Search.estimate`); one estimated clearly over the
 budget (:data:`OVER_ESTIMATE`) is not compiled, and the returned plan's ``predicted_peak_bytes`` is
@@ -172,9 +176,10 @@ def timed_plan(call: TimedCall) -> tuple[Plan, Callable[..., Any]]:
     first = search.measure([Candidate("plain", call.fn), *search.uniform(fenced=False), *search.loops()])
     # The fenced layers, if the compiler may have undone the bare ones, beside the bare family's next round.
     fenced = search.uniform(fenced=True) if search.maybe_undone(first) else []
+    nested = search.nested(first, fenced=False) + (search.nested(first, fenced=True) if fenced else [])
     tried = first + search.measure(search.cheapest(search.within_reach(search.between(first)
                                                                        + search.saves_by_time(first)))
-                                   + search.body_saves_by_time(first) + fenced)
+                                   + search.body_saves_by_time(first) + fenced + nested)
     if fenced:
         search.choose_family(tried)
         if search.fenced:  # its own next round
@@ -210,9 +215,9 @@ class _Search:
         self._inputs: tuple | None = None
 
     def layer_candidate(self, per_layer: Sequence[StagePolicy], label: str, fenced: bool,
-                        estimate: float | None = None) -> Candidate:
+                        estimate: float | None = None, groups: tuple[tuple[int, int], ...] = ()) -> Candidate:
         assert self.layers is not None
-        plan = per_layer_plan(self.layers, per_layer, fenced)
+        plan = dataclasses.replace(per_layer_plan(self.layers, per_layer, fenced), groups=groups)
         program = with_signature(self.call.fn, self.traced, layer_program(self.traced, plan))
         return Candidate(label + (" (fenced)" if fenced else ""), program, layer_plan=plan,
                          estimate=None if estimate is None else round(estimate))
@@ -277,6 +282,25 @@ class _Search:
                 return None
             total += (top.peak_bytes - least.peak_bytes) / count
         return total
+
+    def nested(self, measured: list[Candidate], fenced: bool) -> list[Candidate]:
+        """Where every layer under :data:`LADDER`'s least-memory policy does not fit the budget: the
+        same, nested in groups of two layers and of about the square root of their count, each
+        group under one more checkpoint that saves nothing (:class:`LayerPlan`'s ``groups``)."""
+        uniform = {c.layer_plan.fenced: c for c in measured if c.layer_plan is not None
+                   and not c.layer_plan.groups and c.label.startswith(f"every layer {LADDER[0]}")}
+        least = uniform.get(fenced, uniform.get(False))
+        if self.layers is None or self.layers.count < 4 or least is None or \
+                (least.peak_bytes is not None and least.peak_bytes <= self.call.budget):
+            return []
+        count, stages = self.layers.count, self.layers.layer_stages()
+        out = []
+        for size in sorted({2, max(2, round(count ** 0.5))}):
+            groups = tuple((stages[i], stages[min(i + size, count) - 1] + 1) for i in range(0, count, size)
+                           if min(i + size, count) - i >= 2)
+            label = f"nested: every layer {LADDER[0]}, in {len(groups)} groups of up to {size}"
+            out.append(self.layer_candidate([LADDER[0]] * count, label, fenced, groups=groups))
+        return out
 
     def uniform(self, fenced: bool) -> list[Candidate]:
         """Every layer under one policy of :data:`LADDER`, for each."""
@@ -401,7 +425,7 @@ class _Search:
         stages = self.layers.layer_stages()
         out = {}
         for c in measured:
-            if c.layer_plan is not None and c.layer_plan.fenced == self.fenced and \
+            if c.layer_plan is not None and c.layer_plan.fenced == self.fenced and not c.layer_plan.groups and \
                     len({c.layer_plan.policies[s] for s in stages}) == 1:
                 out[c.layer_plan.policies[stages[0]]] = c
         return out

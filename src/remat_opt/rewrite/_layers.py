@@ -16,7 +16,14 @@ stage runs as written). A stage under a tuple of names runs with every value
 named (:func:`remat_opt.program._names.eval_named`), so either kind of name
 can be saved.
 
-``fenced`` puts each checkpointed stage behind the rewriter's fence
+``groups`` nests: each group of consecutive stages runs under one more
+``jax.checkpoint`` saving nothing, around the stages' own. The forward then
+keeps only a group's inputs; the group's backward reruns its stages, keeping
+their inputs, and each stage's backward reruns the stage. Where the layers'
+inputs are most of the memory a checkpoint per layer keeps, this keeps the
+inputs of a group at a time.
+
+``fenced`` puts each checkpointed stage (and group) behind the rewriter's fence
 (:func:`remat_opt.rewrite._rewrite.fenced_checkpoint`), for a backend whose
 compiler would merge a bare checkpoint's recomputation back into the forward
 (XLA:CPU, docs/xla_findings.md §1). Where the compiler honours a bare
@@ -52,16 +59,25 @@ class LayerPlan:
             (``bounds[0] == 0``).
         policies: one per stage (see :data:`StagePolicy`).
         fenced: whether each checkpointed stage is fenced (see the module docstring).
+        groups: ``(first, end)`` stage indices of each group run under a checkpoint of its own
+            that saves nothing (see the module docstring); in order, not overlapping, each of
+            two stages or more.
     """
 
     bounds: tuple[int, ...]
     policies: tuple[StagePolicy, ...]
     fenced: bool = False
+    groups: tuple[tuple[int, int], ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.bounds) != len(self.policies) + 1 or list(self.bounds) != sorted(set(self.bounds)):
             raise ValueError(f"A layer plan needs increasing bounds, one more than its policies; "
                              f"got bounds {self.bounds} and {len(self.policies)} policies.")
+        ends = [k for group in self.groups for k in group]
+        if ends != sorted(ends) or any(end - first < 2 for first, end in self.groups) or \
+                (ends and (ends[0] < 0 or ends[-1] > len(self.policies))):
+            raise ValueError(f"A layer plan's groups are (first, end) stage indices, in order, not "
+                             f"overlapping, each of two stages or more; got {self.groups}.")
         for policy in self.policies:
             if isinstance(policy, str) and policy not in POLICIES:
                 raise ValueError(f"policy must be one of {sorted(POLICIES)}, a tuple of names or None; "
@@ -72,7 +88,8 @@ class LayerPlan:
         if not counts:
             return "the program as written"
         parts = ", ".join(f"{n} x {label}" for label, n in counts.items())
-        return f"{sum(counts.values())} layers checkpointed{' (fenced)' if self.fenced else ''}: {parts}"
+        nested = f", nested in {len(self.groups)} groups" if self.groups else ""
+        return f"{sum(counts.values())} layers checkpointed{' (fenced)' if self.fenced else ''}: {parts}{nested}"
 
 
 def _label(policy: StagePolicy) -> str:
@@ -120,6 +137,7 @@ def layer_program(traced: TracedProgram, plan: LayerPlan) -> Callable[..., list[
         if policy is not None:
             run = _checkpointed(run, _policy(policy), reads, traced.tangent_vars, plan.fenced)
         stages.append((run, reads, outs))
+    stages = _nested(traced, plan, stages)
 
     def program(*flat_args: Any) -> list[Any]:
         env: dict = dict(zip(jaxpr.constvars, closed.consts))
@@ -129,6 +147,39 @@ def layer_program(traced: TracedProgram, plan: LayerPlan) -> Callable[..., list[
         return [read_atom(env, v) for v in jaxpr.outvars]
 
     return program
+
+
+def _nested(traced: TracedProgram, plan: LayerPlan, stages: list) -> list:
+    """``stages`` (each ``(run, reads, outs)``) with each of ``plan.groups`` made one stage: its
+    stages run in turn, under a checkpoint that saves nothing."""
+    if not plan.groups:
+        return stages
+    starts = {first: end for first, end in plan.groups}
+    merged = tuple(b for k, b in enumerate(plan.bounds)
+                   if not any(first < k < end for first, end in plan.groups))
+    io = iter(_stage_io(traced.jaxpr.jaxpr, merged))
+    out, k = [], 0
+    while k < len(stages):
+        reads, outs = next(io)
+        if k not in starts:
+            out.append(stages[k])
+            k += 1
+            continue
+        members, k = stages[k:starts[k]], starts[k]
+        run = _checkpointed(_run_in_turn(members, reads, outs), POLICIES["nothing_saveable"], reads,
+                            traced.tangent_vars, plan.fenced)
+        out.append((run, reads, outs))
+    return out
+
+
+def _run_in_turn(members: list, reads: tuple, outs: tuple) -> Callable[..., tuple]:
+    def run(*vals: Any) -> tuple:
+        env = dict(zip(reads, vals))
+        for member, member_reads, member_outs in members:
+            env.update(zip(member_outs, member(*(env[v] for v in member_reads))))
+        return tuple(env[v] for v in outs)
+
+    return run
 
 
 def _stage_fn(jaxpr: core.Jaxpr, lo: int, hi: int, reads: tuple, outs: tuple,
