@@ -201,7 +201,7 @@ def test_on_the_cpu_no_fenced_per_layer_policy_recomputes_less(mlp_args, policy)
     # The FLOP search (the CPU's default) at the peak of a per-layer policy a user could write with
     # remat_opt's fence, on layers found in a plain loop over layer dicts: it fits, and recomputes no
     # more FLOPs than that policy.
-    from remat_opt.planner._timed import per_layer_plan
+    from remat_opt.planner._candidates import per_layer_plan
     from remat_opt.memory import gradient_flops
 
     traced = trace(residual_mlp, mlp_args, {}, (0,))

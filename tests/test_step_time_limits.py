@@ -172,7 +172,8 @@ def test_a_candidate_estimated_over_the_budget_is_not_compiled(mlp_args):
     # plus per layer its policy's share of what that policy's uniform plan (or the plain step) adds.
     import dataclasses
     from remat_opt.memory._timing import Compiled
-    from remat_opt.planner._timed import OVER_ESTIMATE, Candidate, TimedCall, _Search
+    from remat_opt.planner._candidates import Candidate, TimedCall
+    from remat_opt.planner._timed import OVER_ESTIMATE, _Search
 
     traced = trace(residual_mlp, mlp_args, {}, (0,))
     layers = layers_of(traced)

@@ -19,7 +19,8 @@ from typing import Any
 
 from .._budget import format_bytes
 from ..cache._call import Call
-from ._timed import LADDER, per_layer_plan
+from ._candidates import per_layer_plan
+from ._timed import LADDER
 from ..memory._measure import gradient_flops
 from ..program._trace import TracedProgram, with_signature
 from ..rewrite._layers import LayerPlan, layer_program

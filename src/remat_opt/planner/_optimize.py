@@ -39,7 +39,8 @@ from .._plan import Plan, Planned, measured_peak_of
 from ..cache._restore import cached_or_new_plan
 from ._patience import Patience, Stalled
 from ._search_state import Modelled
-from ._timed import TimedCall, timed_plan, with_step_time
+from ._candidates import TimedCall
+from ._timed import timed_plan, with_step_time
 from ._verify import verified
 from ..memory._measure import Signature, signature
 from ..memory._pipeline import program_model

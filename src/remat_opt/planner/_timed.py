@@ -60,9 +60,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import jax
@@ -71,24 +69,23 @@ from . import _progress as progress
 from .._budget import format_bytes
 from .._errors import InfeasibleBudgetError, InvalidBudgetError
 from .._options import device_memory
-from .._plan import Plan, Timed, annotate
+from .._plan import Plan, annotate
 from .._schedule import Schedule
 from ..memory._facts import model_graph
-from ..memory._measure import gradient_flops, per_function, signature
+from ..memory._measure import gradient_flops
 from ..memory._simulate import simulate
 from ..memory._timing import Compiled, compile_steps, run_inputs, step_seconds
-from ..program._cost import CostModel
-from ..program._graph import ProgramGraph
 from ..program._trace import TracedProgram, trace, with_signature
-from ..rewrite._layers import LayerPlan, StagePolicy, layer_program
+from ..rewrite._layers import StagePolicy, layer_program
 from ..rewrite._loops import LoopPlan, loop_program, planned_scans, recipe_candidates, user_names
 from ..program._scan_body import scan_body
 from ..solve._body import choose_saved
 from ..solve._layers import Layers, layers_of
 from ..solve._solve import SolverOptions
 from ..solve._stage_saves import layer_names, layer_saves
+from ._candidates import Candidate, TimedCall, measured_of, per_layer_plan, time_graph_of
 from ._saved_bytes import (dot_bytes, layer_bytes, layer_cost, policy_saves, saving_caps, store_costs,
-                           time_graph, xla_bytes_per_model_byte)
+                           xla_bytes_per_model_byte)
 
 logger = logging.getLogger("remat_opt")
 
@@ -117,50 +114,6 @@ the TPU: docs/measurements.md, "Step time on a TPU v5e")."""
 UNDONE = 0.75
 """A per-layer checkpoint that saves nothing but peaks above this share of the plain program's may
 have been undone by the compiler; the fenced ones are then measured too."""
-
-
-def per_layer_plan(layers: Layers, per_layer: Sequence[StagePolicy], fenced: bool) -> LayerPlan:
-    """The layer plan with ``per_layer[i]`` on layer ``i`` and the prefix and suffix as written."""
-    policies: list[StagePolicy] = [None] * (len(layers.bounds()) - 1)
-    for stage, policy in zip(layers.layer_stages(), per_layer):
-        policies[stage] = policy
-    return LayerPlan(layers.bounds(), tuple(policies), fenced)
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """A program the search may return, and what the device said of it."""
-
-    label: str
-    program: Callable[..., Any]
-    layer_plan: LayerPlan | None = None
-    loop_plan: LoopPlan | None = None
-    compiled: Compiled | None = None
-    step_seconds: float | None = None
-    estimate: int | None = None
-
-    @property
-    def peak_bytes(self) -> int | None:
-        return None if self.compiled is None else self.compiled.peak_bytes
-
-    def figure(self) -> Timed:
-        note = "" if self.compiled is None or self.compiled.error is None else self.compiled.error
-        return Timed(self.label, self.peak_bytes, self.step_seconds, note, self.estimate)
-
-
-@dataclass(frozen=True)
-class TimedCall:
-    """One call's program and arguments, as the step-time search needs them."""
-
-    fn: Callable[..., Any]
-    args: tuple
-    kwargs: dict
-    argnums: tuple[int, ...]
-    nums: Any
-    has_aux: bool
-    budget: int
-    cost_model: CostModel | None = None
-    repeats: int = 5
 
 
 def timed_plan(call: TimedCall) -> tuple[Plan, Callable[..., Any]]:
@@ -241,7 +194,7 @@ class _Search:
         layered = [c for c in candidates if id(c) in plans]
         if len(layered) <= BETWEEN_COMPILES or self.layers is None:
             return candidates
-        graph = _time_graph_of(self.call, "layers", self.traced)
+        graph = time_graph_of(self.call, "layers", self.traced)
         stages = self.layers.layer_stages()
         cost = {key: layer_cost(graph, self.layers, [policy_saves(graph, plan.policies[s]) for s in stages])
                 for key, plan in plans.items()}
@@ -286,7 +239,7 @@ class _Search:
     def nested(self, measured: list[Candidate], fenced: bool) -> list[Candidate]:
         """Where every layer under :data:`LADDER`'s least-memory policy does not fit the budget: the
         same, nested in groups of two layers and of about the square root of their count, each
-        group under one more checkpoint that saves nothing (:class:`LayerPlan`'s ``groups``)."""
+        group under one more checkpoint that saves nothing (:class:`remat_opt.rewrite._layers.LayerPlan`'s ``groups``)."""
         uniform = {c.layer_plan.fenced: c for c in measured if c.layer_plan is not None
                    and not c.layer_plan.groups and c.label.startswith(f"every layer {LADDER[0]}")}
         least = uniform.get(fenced, uniform.get(False))
@@ -371,7 +324,7 @@ class _Search:
         least = uniform.get(LADDER[0])
         if least is None or least.peak_bytes is None:
             return []
-        graph = _time_graph_of(self.call, "layers", self.traced)
+        graph = time_graph_of(self.call, "layers", self.traced)
         peaks = {str(p): c.peak_bytes for p, c in uniform.items()}
         scale = xla_bytes_per_model_byte(dot_bytes(graph, self.layers.spans()), peaks, least.peak_bytes)
         allowance = (self.call.budget - least.peak_bytes) / scale
@@ -404,7 +357,7 @@ class _Search:
         if len(positions) != 1 or least is None:
             return []
         body = scan_body(self.traced, positions[0])
-        graph = _time_graph_of(self.call, "body", body.program)
+        graph = time_graph_of(self.call, "body", body.program)
         model = {p: body.length * b for p, b in dot_bytes(graph).items()}
         allowance = (self.call.budget - least) / (xla_bytes_per_model_byte(model, peaks, least) * body.length)
         out: list[Candidate] = []
@@ -446,8 +399,8 @@ class _Search:
         """Each candidate compiled for its peak (in parallel); those that fit the budget, run for their time.
 
         A candidate this process already measured for the same function and arguments (a sweep
-        of budgets) is not compiled or run again (:func:`_measured`)."""
-        call, known = self.call, _measured(self.call)
+        of budgets) is not compiled or run again (:func:`remat_opt.planner._candidates.measured_of`)."""
+        call, known = self.call, measured_of(self.call)
         fresh = [c for c in candidates if c.label not in known]
         progress.stage(f"step-time search: compiling {len(fresh)} candidate(s) in parallel")
         compiled = compile_steps([c.program for c in fresh], call.args, call.kwargs, call.nums, call.has_aux)
@@ -475,7 +428,7 @@ class _Search:
         """The candidates this process measured for the same function and arguments at other budgets
         that fit this one: a larger budget is never answered by a slower plan than a smaller one."""
         labels = {c.label for c in tried}
-        return [c for label, (result, _, c) in _measured(self.call).items() if label not in labels
+        return [c for label, (result, _, c) in measured_of(self.call).items() if label not in labels
                 and result.peak_bytes is not None and result.peak_bytes <= self.call.budget]
 
     def inputs(self, compiled: Compiled) -> tuple:
@@ -485,33 +438,6 @@ class _Search:
             call = self.call
             self._inputs = run_inputs(call.fn, call.args, call.kwargs, call.nums, call.has_aux, compiled.step_args)
         return self._inputs
-
-
-_MEASURED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_GRAPHS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def _per_call(store: weakref.WeakKeyDictionary, call: TimedCall) -> dict:
-    """``store``'s dict for ``call.fn`` on these arguments (a fresh one each time for a function
-    that cannot be weakly referenced). Kept while the function lives."""
-    key = (signature(call.args, call.kwargs), repr(call.nums), call.has_aux, call.repeats, jax.default_backend())
-    return per_function(store, call.fn).setdefault(key, {})
-
-
-def _measured(call: TimedCall) -> dict[str, tuple[Compiled, float | None, Candidate]]:
-    """What this process measured of ``call.fn``'s candidates on these arguments, by label: each
-    compile, its step time where one was run, and the candidate."""
-    return _per_call(_MEASURED, call)
-
-
-def _time_graph_of(call: TimedCall, part: str, traced: TracedProgram) -> ProgramGraph:
-    """:func:`remat_opt.planner._saved_bytes.time_graph` of ``traced`` (``part`` of ``call``'s
-    program: ``"layers"``, the whole, or ``"body"``, its scan's body), built once per function and
-    arguments in this process."""
-    graphs = _per_call(_GRAPHS, call)
-    if part not in graphs:
-        graphs[part] = time_graph(traced)
-    return graphs[part]
 
 
 def _nothing_fits(budget: int, tried: list[Candidate]) -> InfeasibleBudgetError:
