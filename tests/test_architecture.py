@@ -133,10 +133,11 @@ def test_only_one_module_imports_private_jax():
 
 
 def around_the_faces(root: Path) -> Iterator[str]:
-    """Every ``from remat_opt.P._m import names`` under ``root`` whose names P's face exports."""
+    """Every ``from remat_opt.P._m import names`` under ``root`` (and its folders, experiments/lab/
+    among them) whose names P's face exports."""
     import importlib
 
-    for path in sorted(root.glob("*.py")):
+    for path in sorted(root.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
             if not (isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").count(".") == 2):
                 continue
@@ -145,7 +146,8 @@ def around_the_faces(root: Path) -> Iterator[str]:
                 continue
             face = set(getattr(importlib.import_module(package), "__all__", ()))
             if all(a.name in face and a.asname is None for a in node.names):
-                yield f"{path.name}:{node.lineno}: from {node.module} import ... (from {package} import ...)"
+                yield (f"{path.relative_to(root)}:{node.lineno}: from {node.module} import ... "
+                       f"(from {package} import ...)")
 
 
 def test_tests_and_experiments_import_what_a_face_exports_from_the_face():

@@ -73,7 +73,7 @@ def test_relaxed_bound_quick(tmp_path):
     # bound is a bound of the full model, so never above the block decomposition's plan (a
     # schedule of the full model); broken segment ends join the next relaxation.
     out = tmp_path / "relaxed.csv"
-    run_script("relaxed_bound.py", "--layers", "4", "--iterations", "2", "--dtime", "3", "--workers", "2",
+    run_script("lab/relaxed_bound.py", "--layers", "4", "--iterations", "2", "--dtime", "3", "--workers", "2",
                "--out", str(out))
     rows = read_rows(out)
     assert len(rows) == 2 and int(rows[0]["ends_enforced"]) == 1 < int(rows[1]["ends_enforced"])
@@ -85,7 +85,7 @@ def test_call_feedback_quick(tmp_path):
     # One optimize call on a development random DAG that measures candidates before its plan (jax 0.10.2 and 0.12.1):
     # the planner's log names each candidate's measured and predicted peak, and the script reads
     # the returned plan's among them (a changed log line would break it here).
-    out = run_script("call_feedback.py", "--programs", "random_dev_1004", "--fractions", "0.6",
+    out = run_script("lab/call_feedback.py", "--programs", "random_dev_1004", "--fractions", "0.6",
                      "--out", str(tmp_path))
     assert "1 plans; 1 returned after another candidate was measured" in out
     (row,) = read_rows(tmp_path / "call_feedback.csv")

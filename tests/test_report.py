@@ -147,10 +147,11 @@ def test_the_plot_draws_the_segments_against_budget_and_xla(plan, tmp_path):
 
 @pytest.mark.scripts
 def test_the_plan_report_script(tmp_path):
-    # experiments/plan_report.py on the zoo MLP (the GPT takes minutes): report, plot, DOT, and a
-    # second process that loads the plan from the cache in a tenth of the first plan() or less.
+    # experiments/lab/plan_report.py on the zoo MLP (the GPT takes minutes): report, plot, DOT,
+    # and a second process that loads the plan from the cache in a tenth of the first
+    # plan() or less.
     png, dot = tmp_path / "plot.png", tmp_path / "plan.dot"
-    out = run_script("plan_report.py", "--model", "mlp", "--fraction", "0.9", "--out", str(png), "--dot", str(dot))
+    out = run_script("lab/plan_report.py", "--model", "mlp", "--fraction", "0.9", "--out", str(png), "--dot", str(dot))
     assert "segment 0: positions" in out and png.read_bytes()[:4] == b"\x89PNG" and dot.read_text().startswith(
         "strict digraph")
     first, second = map(float, re.search(r"plan\(\): ([\d.]+) s in this process; ([\d.]+) s in a second", out).groups())

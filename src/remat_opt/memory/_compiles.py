@@ -32,7 +32,7 @@ plan, the program read for the model's facts): LLVM's optimization off. XLA
 fuses, schedules and assigns buffers on the optimized HLO, before its
 backend's code generation reads this option, so the memory figures are the
 same (checked on every development and held-out program:
-``experiments/figures_only.py``; docs/measurements.md, "Planning time"), and a
+``experiments/lab/figures_only.py``; docs/measurements.md, "Planning time"), and a
 compile on XLA:CPU takes about 0.6 of the time (a rewritten schedule, about
 0.75). The plan returned is compiled again as the user's ``jax.jit`` will
 compile it, and that figure is the one reported (``remat_opt.planner._verify``).

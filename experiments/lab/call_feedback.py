@@ -17,7 +17,7 @@ INFO): each line that names a measured and a predicted peak, at the log's
 two decimals of a MiB.
 
 Usage:
-    python experiments/call_feedback.py [--programs lstm,random_dev_1000] [--fractions 0.8,0.6] [--out DIR]
+    python experiments/lab/call_feedback.py [--programs lstm,random_dev_1000] [--fractions 0.8,0.6] [--out DIR]
 
 Writes ``<out>/call_feedback.csv`` (one row per returned plan, with every candidate's
 measured/predicted bytes in the call's order) and prints a summary.
@@ -31,7 +31,8 @@ import re
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# run from experiments/lab/: common and dev_programs are in experiments/, one up
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common import RESULTS, command, stamp, write_csv  # noqa: E402
 from dev_programs import DEV_PROGRAMS  # noqa: E402
 

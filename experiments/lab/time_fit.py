@@ -9,7 +9,7 @@ program's, priced as that search priced it (elementwise rerun as a write; the se
 priced it as fused), the ridge set to the v5e's (288 FLOPs a byte, float32), and the chosen sets
 rebuilt at the caps the logs name. Prints; writes nothing. docs/measurements.md, "Session 49".
 
-    python experiments/time_fit.py
+    python experiments/lab/time_fit.py
 """
 
 from __future__ import annotations
@@ -58,7 +58,8 @@ def parts(graph, layers, saved) -> list[float]:
 def main() -> None:
     import sys
     from pathlib import Path
-    sys.path.insert(0, str(Path(__file__).parent))
+    # run from experiments/lab/: step_time is in experiments/, one up
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from step_time import PROGRAMS
 
     timing._RIDGES[("cpu", "float32")] = RIDGE  # the v5e's ridge in place of this CPU's

@@ -8,7 +8,7 @@ held-out program (and the scanned library programs), each as written and
 under two whole-function policies, and times both compiles.
 
 Usage:
-    python experiments/figures_only.py [--output figures_only.csv]
+    python experiments/lab/figures_only.py [--output figures_only.csv]
 
 Writes ``experiments/results/<output>``; exits 1 if any figure differs.
 """
@@ -27,7 +27,8 @@ from remat_opt.memory._compiles import FIGURES_ONLY
 from remat_opt.memory import abstract, gradient_step, memory_of
 from remat_opt.rewrite import policy_program
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# run from experiments/lab/: common and the *_programs sets are in experiments/, one up
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common import RESULTS, command, stamp, write_csv  # noqa: E402
 import dev_programs  # noqa: E402
 import heldout_programs  # noqa: E402

@@ -9,7 +9,7 @@ move a plan; the outputs must be identical (same jax, same machine).
 a new ``optimize``: the made plan's line and the loaded one's are printed (the persistent
 cache's path, :mod:`remat_opt.cache._restore`).
 
-    PYTHONPATH=src python experiments/plan_digest.py [--cache]
+    PYTHONPATH=src python experiments/lab/plan_digest.py [--cache]
 """
 
 from __future__ import annotations

@@ -14,9 +14,9 @@ and the bytes live at its peak instruction (``remat_opt.fragmentation``),
 written to ``results/dev_fidelity_live.csv``.
 
 Usage:
-    python experiments/dev_fidelity.py collect [--programs lstm,conv_nchw] [--plans]
-    python experiments/dev_fidelity.py check [--programs lstm] [--no-scratch]
-    python experiments/dev_fidelity.py live [--programs random_dev_1000]
+    python experiments/lab/dev_fidelity.py collect [--programs lstm,conv_nchw] [--plans]
+    python experiments/lab/dev_fidelity.py check [--programs lstm] [--no-scratch]
+    python experiments/lab/dev_fidelity.py live [--programs random_dev_1000]
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ import sys
 from pathlib import Path
 from unittest import mock
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# run from experiments/lab/: common, dev_programs and schedule_fidelity are in experiments/, one up
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common import RESULTS, command, read_csv, stamp, write_csv  # noqa: E402
 from dev_programs import DEV_PROGRAMS  # noqa: E402
 from schedule_fidelity import baseline_schedules  # noqa: E402

@@ -7,7 +7,7 @@ the same program and budget with the same plan cache and reports how long its
 ``plan()`` took against the first (it loads the plan: no solve, no candidate
 compiled).
 
-    python experiments/plan_report.py [--fraction 0.5] [--out experiments/results/plan_plot.png] [--dot plan.dot]
+    python experiments/lab/plan_report.py [--fraction 0.5] [--out experiments/results/plan_plot.png] [--dot plan.dot]
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import jax
 import remat_opt
 from remat_opt.zoo import MODELS
 
-RESULTS = Path(__file__).parent / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "results"  # experiments/results/, one up from lab/
 
 
 def timed_plan(model: str, fraction: float, cache: str) -> tuple[remat_opt.Plan, float]:

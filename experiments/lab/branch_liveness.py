@@ -4,7 +4,7 @@ For a program of ``tests/known_programs.draw_branches`` and each of its keep-set
 (a fenced segment per branch, some matmul outputs kept), prints the model's peak, XLA's
 allocated and live-at-peak bytes, and with ``--buffers`` the buffers live at XLA's peak.
 
-    PYTHONPATH=src python experiments/branch_liveness.py --seeds 3 13 [--buffers]
+    PYTHONPATH=src python experiments/lab/branch_liveness.py --seeds 3 13 [--buffers]
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from pathlib import Path
 
 import jax
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+# run from experiments/lab/: known_programs is in the repository's tests/, two up
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 from known_programs import draw_branches, graph_of, keep_set_schedule  # noqa: E402
 
 import remat_opt  # noqa: E402

@@ -22,7 +22,7 @@ candidates, started from the decomposition's cuts), so the gap is the one
 ``block_solve.py`` reports against CP-SAT's bound.
 
 Usage:
-    python experiments/relaxed_bound.py [--layers 8] [--iterations 12] [--dtime 60] [--workers 8]
+    python experiments/lab/relaxed_bound.py [--layers 8] [--iterations 12] [--dtime 60] [--workers 8]
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# run from experiments/lab/: block_solve and common are in experiments/, one up
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from block_solve import gpt_graph
 from common import RESULTS, command, stamp, write_csv
 
