@@ -245,6 +245,8 @@ class Plan:
                 decisions += f", checkpoints nested {self.schedule.depth()} levels deep"
             if self.computed_once:
                 decisions += f", {self.computed_once} stored value(s) computed once"
+            if self.schedule.bare:
+                decisions += ", bare checkpoints (this compiler honours them)"
         return (
             f"Plan[{self.strategy}] {status}: budget {format_bytes(self.budget_bytes)}, "
             f"predicted peak {predicted}, measured {measured}{plain}; {decisions}; "

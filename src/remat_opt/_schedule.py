@@ -9,6 +9,7 @@ the memory model (:mod:`remat_opt.memory._simulate`) simulates it into a
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 
@@ -28,12 +29,17 @@ class Schedule:
             its segments may nest again (Griewank's binomial checkpointing
             is such a tree). The last segment of any level runs as written.
             Inner schedules save nothing by name.
+        bare: the segments are bare ``jax.checkpoint`` calls, without the fence that keeps a
+            compiler from undoing them (:mod:`remat_opt.rewrite._rewrite`); for a backend whose
+            compiler honours a bare checkpoint, when XLA measured the bare program within the
+            budget.
     """
 
     cuts: frozenset[int] = frozenset()
     saved: frozenset[int] = frozenset()
     plain: bool = False
     nested: tuple[tuple[int, Schedule], ...] = ()
+    bare: bool = False
 
     def all_cuts(self) -> frozenset[int]:
         """The cuts of every level: the segments every backward step runs on."""
@@ -50,7 +56,8 @@ class Schedule:
         def tree(s: Schedule) -> dict:
             return {"cuts": sorted(s.cuts), "saved": sorted(s.saved), "plain": s.plain,
                     "nested": [[start, tree(inner)] for start, inner in s.nested]}
-        return json.dumps(tree(self), separators=(",", ":"))
+        # Written only when set: the JSON of every fenced schedule is what it was before the flag.
+        return json.dumps(tree(self) | ({"bare": True} if self.bare else {}), separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str) -> Schedule:
@@ -58,7 +65,8 @@ class Schedule:
         def tree(d: dict) -> Schedule:
             return cls(cuts=frozenset(d["cuts"]), saved=frozenset(d["saved"]), plain=d["plain"],
                        nested=tuple((start, tree(inner)) for start, inner in d["nested"]))
-        return tree(json.loads(text))
+        d = json.loads(text)
+        return dataclasses.replace(tree(d), bare=d.get("bare", False))
 
 
 @dataclass(frozen=True)

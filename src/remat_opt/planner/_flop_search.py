@@ -65,7 +65,7 @@ class FlopSearch:
 
     def _search(self, call: Call, model: Modelled, measure: Measure) -> Planned:
         """The plan that fits with the fewest recomputed FLOPs, of all strategies measured."""
-        baseline_flops = _flops(call, self.fn)
+        baseline_flops = step_flops(call, self.fn)
         progress.stage("measuring the plain step")
         graph, whole_graph, plain_peak = self._calibrated(call, model, measure)
         run = Search(call, model, graph, whole_graph, measure, baseline_flops, plain_peak)
@@ -274,7 +274,7 @@ class FlopSearch:
         # traced_step) serves its FLOP count and its compile.
         program_of = functools.cache(lambda schedule: self._program(graph, schedule))
         traced_flops = functools.cache(lambda schedule: counted_flops(
-            count_key, schedule, lambda: _flops(run.call, program_of(schedule))) - run.baseline_flops)
+            count_key, schedule, lambda: step_flops(run.call, program_of(schedule))) - run.baseline_flops)
         progress.stage("ranking other schedules")
         tiers = outside_tiers(graph, budget, ceiling_flops, self.MODEL_SLACK, self.MEASURED_CANDIDATES, traced_flops)
         seconds = time.perf_counter() - started
@@ -324,7 +324,7 @@ class FlopSearch:
                 outcome: Outcome) -> Planned:
         """The plan of ``program``, ``schedule`` on the planned graph (``sim``: its simulation), with
         the FLOPs its jaxpr recomputes counted."""
-        outcome = dataclasses.replace(outcome, flops=_flops(run.call, program) - run.baseline_flops)
+        outcome = dataclasses.replace(outcome, flops=step_flops(run.call, program) - run.baseline_flops)
         return self._plan(run, run.graph, sim, schedule, outcome), program
 
     def _infeasible(self, run: Search, schedule: Schedule, measured: int) -> InfeasibleBudgetError:
@@ -378,6 +378,6 @@ def _count_key(run: Search) -> str | None:
     return run.model.key if names_cost_model(run.call.options.cost_model) else None
 
 
-def _flops(call: Call, program: Callable[..., Any]) -> int:
+def step_flops(call: Call, program: Callable[..., Any]) -> int:
     """FLOPs of ``program``'s gradient step on the call, as the cost model counts them on its jaxpr."""
     return gradient_flops(program, call.args, call.kwargs, call.nums, call.options.cost_model, call.has_aux)

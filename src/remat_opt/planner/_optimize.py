@@ -28,7 +28,7 @@ from ..cache._cache import qualified_name
 from ..cache._call import Call
 from .._errors import InfeasibleBudgetError
 from ._floor import floor_refusal
-from ._flop_search import FlopSearch
+from ._flop_search import FlopSearch, step_flops
 from ._forward import forward_mode
 from .._inputs import check_call
 from ..cache._lowest import remember
@@ -41,6 +41,7 @@ from ._patience import Patience, Stalled
 from ._search_state import Modelled
 from ._candidates import TimedCall
 from ._timed import timed_plan, with_step_time
+from ._unfenced import unfenced
 from ._verify import verified
 from ..memory._measure import Signature, signature
 from ..memory._pipeline import program_model
@@ -174,6 +175,8 @@ class OptimizedFunction(FlopSearch):
         try:  # stages: _progress
             planned = verified(self._search(call, model, measure), verify, call.budget,
                                lambda: self._search(call, model, verify))
+            planned = unfenced(planned, functools.partial(self._program, graph), verify,
+                               functools.partial(step_flops, call), call.budget)
         except InfeasibleBudgetError as err:
             if partitioned is None:
                 raise

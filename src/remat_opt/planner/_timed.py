@@ -71,6 +71,7 @@ from .._errors import InfeasibleBudgetError, InvalidBudgetError
 from .._options import device_memory
 from .._plan import Plan, annotate
 from .._schedule import Schedule
+from ..memory._barriers import UNDONE
 from ..memory._facts import model_graph
 from ..memory._measure import gradient_flops
 from ..memory._simulate import simulate
@@ -111,9 +112,6 @@ SAFE = 0.9
 candidate likely to fit is compiled though the lowest priced may not fit (the estimate's error on
 the TPU: docs/measurements.md, "Step time on a TPU v5e")."""
 
-UNDONE = 0.75
-"""A per-layer checkpoint that saves nothing but peaks above this share of the plain program's may
-have been undone by the compiler; the fenced ones are then measured too."""
 
 
 def timed_plan(call: TimedCall) -> tuple[Plan, Callable[..., Any]]:
@@ -273,7 +271,7 @@ class _Search:
 
     def maybe_undone(self, measured: list[Candidate]) -> bool:
         """Whether the compiler may have undone the bare per-layer checkpoints: the least-memory
-        one lowers the plain program's peak by less than :data:`UNDONE`."""
+        one peaks above :data:`remat_opt.memory._barriers.UNDONE` of the plain program's peak."""
         plain, least = measured[0], next((c for c in measured if c.layer_plan is not None), None)
         if least is None:
             return False

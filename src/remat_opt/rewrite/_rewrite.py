@@ -15,6 +15,9 @@ recomputation into the forward and the scheduler hoists it (docs/xla_findings.md
 cannot start before that predicate exists, so the recomputation stays in the
 backward pass where the plan put it (docs/xla_findings.md §2). Both branches compute the
 same, exact gradient, so correctness never depends on the predicate's value.
+A schedule marked ``bare`` (for a compiler that honours a bare checkpoint; the planner marks
+one only once XLA measured it in the budget: :mod:`remat_opt.planner._unfenced`) has bare
+``jax.checkpoint`` segments instead, with no conditional.
 
 By default (``compute_saved_once``), in a plan that saves names, the stored
 values XLA would rebuild in every reader from the operands they were computed
@@ -216,7 +219,7 @@ def rewrite(
     def wrap(i: int, k: int, value: Any) -> Any:
         return computed_once(value) if (i, k) in once else value
 
-    run = _level(graph, schedule, 0, len(jaxpr.eqns), wrap if once else None)
+    run = _level(graph, schedule, 0, len(jaxpr.eqns), wrap if once else None, schedule.bare)
 
     def program(*flat_args: Any) -> list[Any]:
         env: dict = dict(zip(jaxpr.constvars, closed.consts))
@@ -229,11 +232,11 @@ def rewrite(
 
 def _level(
     graph: ProgramGraph, schedule: Schedule, start: int, stop: int,
-    wrap: Callable[[int, int, Any], Any] | None = None,
+    wrap: Callable[[int, int, Any], Any] | None = None, bare: bool = False,
 ) -> Callable[[dict], None]:
     """Equations ``start:stop`` under one level of ``schedule``, evaluated into an environment.
 
-    Every segment but the last is a fenced checkpoint; a nested segment's
+    Every segment but the last is a fenced checkpoint (a bare one with ``bare``); a nested segment's
     function is its own level, so its backward reruns it under the inner
     schedule (checkpoints within a checkpoint). The last segment runs as
     written: its backward follows its forward at once, so recomputing it
@@ -246,7 +249,7 @@ def _level(
     tangent = graph.traced.tangent_vars
 
     def segment_fn(seg: Segment) -> Callable[..., tuple[Any, ...]]:
-        inner = _level(graph, nested[seg.start], seg.start, seg.stop) if seg.start in nested else None
+        inner = _level(graph, nested[seg.start], seg.start, seg.stop, bare=bare) if seg.start in nested else None
 
         def run(*vals: Any) -> tuple[Any, ...]:
             env = dict(zip(seg.inputs, vals))
@@ -260,8 +263,10 @@ def _level(
 
     read_later = [{v for e in jaxpr.eqns[s.stop:] for v in e.invars if isinstance(v, core.Var)} for s in segments]
     fns = [
-        fenced_checkpoint(segment_fn(s), s.saved_names, tuple(v in tangent for v in s.inputs),
-                          probe_output=not any(v in later for v in s.outputs))
+        jax.checkpoint(segment_fn(s), policy=jax.checkpoint_policies.save_only_these_names(*s.saved_names))
+        if bare and any(v in tangent for v in s.inputs)
+        else fenced_checkpoint(segment_fn(s), s.saved_names, tuple(v in tangent for v in s.inputs),
+                               probe_output=not any(v in later for v in s.outputs))
         if any(v in tangent for v in s.inputs)
         else segment_fn(s)  # nothing in it is differentiated: no backward to fence
         for s, later in zip(segments[:-1], read_later)
