@@ -106,11 +106,12 @@ def summary(rows: list[dict]) -> str:
     """The sweep's figures: budgets that fit, no worse than the best keep-set (1% slack),
     monotone programs, the largest gradient error, predictions within 10% of XLA."""
     true = lambda v: v in (True, "True")  # noqa: E731 - rows from this run or read back from a CSV
-    seeds = {r["seed"] for r in rows}
+    # A program is its name (family and seed): the families draw from the same seed numbers.
+    seeds = {r["program"].split(":")[0] for r in rows}
     errors = [abs(float(r["prediction_error"])) for r in rows if r["prediction_error"] not in ("", None)]
     return (f"{len(seeds)} programs with budgets, {len(rows)} budgets: fit {sum(true(r['fits']) for r in rows)}, "
             f"no worse {sum(true(r['no_worse']) for r in rows)}, "
-            f"monotone programs {len({r['seed'] for r in rows if true(r['monotone'])})}/{len(seeds)}, "
+            f"monotone programs {len({r['program'].split(':')[0] for r in rows if true(r['monotone'])})}/{len(seeds)}, "
             f"largest gradient error {max((float(r['grad_error']) for r in rows), default=0):.2g}, "
             f"predicted within 10% {sum(e <= 0.10 for e in errors)}/{len(errors)}")
 
