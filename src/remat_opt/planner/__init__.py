@@ -8,8 +8,9 @@ one that fits with the fewest recomputed FLOPs: CP-SAT's schedules steered by XL
 function and per layer (:mod:`._policy_planning`, :mod:`._layer_policies`); on an accelerator
 the step-time search (:mod:`._timed`, its candidates and what a process measured of them in
 :mod:`._candidates`, its saved values' bytes and time in :mod:`._saved_bytes`). The winner is
-compiled once more as the user's ``jax.jit`` will (:mod:`._verify`). Around them: what a mesh changes (:mod:`._mesh`), forward mode
-(:mod:`._forward`), what one search carries (:mod:`._search_state`), how long the FLOP search
+compiled once more as the user's ``jax.jit`` will (:mod:`._verify`), and with bare checkpoints
+where the compiler honours them and XLA fits that (:mod:`._unfenced`). Around them: what a mesh
+changes (:mod:`._mesh`), forward mode (:mod:`._forward`), what one search carries (:mod:`._search_state`), how long the FLOP search
 may run after the step-time search found nothing (:mod:`._patience`), the error when nothing
 fits (:mod:`._refusal`) and the progress shown while it runs (:mod:`._progress`).
 

@@ -261,16 +261,19 @@ def _level(
 
         return run
 
+    def checkpointed(seg: Segment, read_later: set) -> Callable[..., Any]:
+        """A segment but the last: a fenced checkpoint, or a bare one with ``bare``; as written
+        where nothing in it is differentiated (it has no backward to fence)."""
+        fn, differentiable = segment_fn(seg), tuple(v in tangent for v in seg.inputs)
+        if not any(differentiable):
+            return fn
+        if bare:
+            return jax.checkpoint(fn, policy=jax.checkpoint_policies.save_only_these_names(*seg.saved_names))
+        return fenced_checkpoint(fn, seg.saved_names, differentiable,
+                                 probe_output=not any(v in read_later for v in seg.outputs))
+
     read_later = [{v for e in jaxpr.eqns[s.stop:] for v in e.invars if isinstance(v, core.Var)} for s in segments]
-    fns = [
-        jax.checkpoint(segment_fn(s), policy=jax.checkpoint_policies.save_only_these_names(*s.saved_names))
-        if bare and any(v in tangent for v in s.inputs)
-        else fenced_checkpoint(segment_fn(s), s.saved_names, tuple(v in tangent for v in s.inputs),
-                               probe_output=not any(v in later for v in s.outputs))
-        if any(v in tangent for v in s.inputs)
-        else segment_fn(s)  # nothing in it is differentiated: no backward to fence
-        for s, later in zip(segments[:-1], read_later)
-    ]
+    fns = [checkpointed(s, later) for s, later in zip(segments[:-1], read_later)]
     fns.append(segment_fn(segments[-1]))
 
     def run_level(env: dict) -> None:
