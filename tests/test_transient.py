@@ -6,8 +6,8 @@ backward runs last position first, so by the time a unit's cotangent is in fligh
 downstream of it are dead, and XLA writes the cotangent in place of one. Predicting that (the
 transient net of the residuals freed by then, prediction only) put these cases within 0.1% and
 raised the held-out generated programs' predictions within 10% from 68% to 82% of 249 budgets,
-but the planner then recomputed more at 160 of them (CP-SAT's model still charges the whole
-transient, and the steering lost the room the over-prediction had shown it): docs/measurements.md,
+but the planner then recomputed more at 160 of them (the calibration scale, fitted with the
+prediction, is shared with CP-SAT's model, which still charges the whole transient): docs/measurements.md,
 "The last segment's transient, netted in the prediction only: tried, dropped (session 51)".
 These tests hold the gap until the planning model and the prediction net it together.
 """
