@@ -14,7 +14,8 @@ budgets a larger budget never costs more recompute.
 Seeds: ``--seeds dev`` (``DEV_SEEDS``, looked at while the planner changed) or
 ``eval`` (``EVAL_SEEDS``, held out; ``seeds_of`` moves the evaluation seeds that drove a
 change to the development set and replaces each) or ``fresh`` (``FRESH_SEEDS``, a second held-out
-set fixed in session 46), the first ``--programs`` of them, stopping
+set fixed in session 46) or ``range`` (seeds from ``--start``: a new held-out range, fixed
+before it is first run, once the others are spent), the first ``--programs`` of them, stopping
 after ``--minutes``; ``--budgets N`` takes at most N of a program's front budgets,
 spread from its lowest to its highest, and ``--max-dots N`` (``--min-dots N``) skips the
 programs of more (fewer) than N matmuls (2**N plans each): on 2 cores the full set takes days.
@@ -53,7 +54,9 @@ def spread(budgets: list[int], most: int) -> list[int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", choices=("dev", "eval", "fresh"), default="dev")
+    parser.add_argument("--seeds", choices=("dev", "eval", "fresh", "range"), default="dev")
+    parser.add_argument("--start", type=int, default=30_000,
+                        help="with --seeds range: the first seed of a range fixed before it is run")
     parser.add_argument("--family", choices=tuple(FAMILIES), default="mixed")
     parser.add_argument("--programs", type=int, default=200)
     parser.add_argument("--first", type=int, default=0, help="skip this many seeds of the range")
@@ -67,7 +70,10 @@ def main() -> None:
     a = parser.parse_args()
     if a.summary:
         return summarize(a.summary)
-    seeds = seeds_of(a.family, a.seeds == "eval", a.seeds == "fresh")[a.first:a.first + a.programs]
+    if a.seeds == "range":
+        seeds = list(range(a.start + a.first, a.start + a.first + a.programs))
+    else:
+        seeds = seeds_of(a.family, a.seeds == "eval", a.seeds == "fresh")[a.first:a.first + a.programs]
     path = a.out / f"known_{a.family}_{a.seeds}.csv"
     rows: list[dict] = []
     started = time.perf_counter()
