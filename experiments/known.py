@@ -113,11 +113,12 @@ def summary(rows: list[dict]) -> str:
     monotone programs, the largest gradient error, predictions within 10% of XLA."""
     true = lambda v: v in (True, "True")  # noqa: E731 - rows from this run or read back from a CSV
     # A program is its name (family and seed): the families draw from the same seed numbers.
-    seeds = {r["program"].split(":")[0] for r in rows}
+    program = lambda r: r["program"].split(":")[0]  # noqa: E731
+    programs = {program(r) for r in rows}
     errors = [abs(float(r["prediction_error"])) for r in rows if r["prediction_error"] not in ("", None)]
-    return (f"{len(seeds)} programs with budgets, {len(rows)} budgets: fit {sum(true(r['fits']) for r in rows)}, "
+    return (f"{len(programs)} programs with budgets, {len(rows)} budgets: fit {sum(true(r['fits']) for r in rows)}, "
             f"no worse {sum(true(r['no_worse']) for r in rows)}, "
-            f"monotone programs {len({r['program'].split(':')[0] for r in rows if true(r['monotone'])})}/{len(seeds)}, "
+            f"monotone programs {len({program(r) for r in rows if true(r['monotone'])})}/{len(programs)}, "
             f"largest gradient error {max((float(r['grad_error']) for r in rows), default=0):.2g}, "
             f"predicted within 10% {sum(e <= 0.10 for e in errors)}/{len(errors)}")
 

@@ -261,7 +261,7 @@ def _level(
 
         return run
 
-    def checkpointed(seg: Segment, read_later: set) -> Callable[..., Any]:
+    def checkpointed(seg: Segment, later: set) -> Callable[..., Any]:
         """A segment but the last: a fenced checkpoint, or a bare one with ``bare``; as written
         where nothing in it is differentiated (it has no backward to fence)."""
         fn, differentiable = segment_fn(seg), tuple(v in tangent for v in seg.inputs)
@@ -270,7 +270,7 @@ def _level(
         if bare:
             return jax.checkpoint(fn, policy=jax.checkpoint_policies.save_only_these_names(*seg.saved_names))
         return fenced_checkpoint(fn, seg.saved_names, differentiable,
-                                 probe_output=not any(v in read_later for v in seg.outputs))
+                                 probe_output=not any(v in later for v in seg.outputs))
 
     read_later = [{v for e in jaxpr.eqns[s.stop:] for v in e.invars if isinstance(v, core.Var)} for s in segments]
     fns = [checkpointed(s, later) for s, later in zip(segments[:-1], read_later)]
