@@ -6,7 +6,7 @@ import dataclasses
 
 from .._schedule import Schedule
 from ..program._graph import ProgramGraph
-from ._simulate import simulate
+from ._simulate import simulate, simulated
 
 
 def calibrate(graph: ProgramGraph, plain_peak_bytes: int) -> ProgramGraph:
@@ -20,17 +20,27 @@ def calibrate(graph: ProgramGraph, plain_peak_bytes: int) -> ProgramGraph:
     anyway; its error, spread over the residual bytes the model stores for
     it, scales those bytes wherever code runs as written. Clamped to [0.5, 2].
 
+    Two scales, one per model, each fitted under its own rules: the
+    prediction's nets the last segment's transient of the residuals freed by
+    then, the planning model's (CP-SAT's) charges it whole. One scale shared
+    by both made CP-SAT's model stricter than XLA once the prediction netted
+    it (docs/measurements.md, "The last segment's transient").
+
     Args:
         graph: the program graph (uncalibrated).
         plain_peak_bytes: XLA's peak for the program as written.
 
     Returns:
-        ``graph`` with ``plain_storage_scale`` set.
+        ``graph`` with ``plain_storage_scale`` and ``planning_storage_scale`` set.
     """
-    graph = dataclasses.replace(graph, plain_storage_scale=1.0)
+    graph = dataclasses.replace(graph, plain_storage_scale=1.0, planning_storage_scale=None)
     sim = simulate(graph, Schedule(plain=True))
     stored = sum(graph.node_bytes[b] for b in {graph.buffer[v] for v in sim.stored_nodes} if b >= 0)
     if stored == 0:
         return graph
-    scale = 1.0 + (plain_peak_bytes - sim.peak_bytes) / stored
-    return dataclasses.replace(graph, plain_storage_scale=min(2.0, max(0.5, scale)))
+    gross = simulated(graph, Schedule(plain=True), gross_transient=True)
+
+    def fitted(peak_bytes: int) -> float:
+        return min(2.0, max(0.5, 1.0 + (plain_peak_bytes - peak_bytes) / stored))
+    return dataclasses.replace(graph, plain_storage_scale=fitted(sim.peak_bytes),
+                               planning_storage_scale=fitted(gross.peak_bytes))

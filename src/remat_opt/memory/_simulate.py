@@ -35,7 +35,10 @@ The peak during the backward of segment J is
                                             J's backward reads: XLA copies each one
                                             into row-major when the branch starts)
   + cotangents crossing J's end boundary
-  + the largest transient of J             (one cotangent and one operand in flight)
+  + the largest transient of J             (one cotangent and one operand in flight; in
+                                            the prediction of the step's last segment,
+                                            net of the residuals its backward has freed
+                                            by then: :func:`remat_opt.memory._transient.as_written_transient`)
 
 and the plan's peak is the largest over segments and, in the prediction of a
 flat plan, over its forward too, where parallel branches' values wait side by
@@ -116,7 +119,7 @@ from ..program._graph import ProgramGraph, per_graph
 from ._once import held_when_once
 from ._partials import held_partial_bytes
 from .._schedule import Schedule, Simulation, nested_ranges, segment_of_positions
-from ._transient import held_forward_scratch, transient_bytes
+from ._transient import as_written_transient, held_forward_scratch, transient_bytes
 from ._slots import (
     ScheduleSlots,
     gradient_slots,
@@ -187,7 +190,8 @@ def simulate(graph: ProgramGraph, schedule: Schedule, *, planning: bool = False)
     return made[key]
 
 
-def simulated(graph: ProgramGraph, schedule: Schedule, *, planning: bool = False) -> Simulation:
+def simulated(graph: ProgramGraph, schedule: Schedule, *, planning: bool = False,
+              gross_transient: bool = False) -> Simulation:
     """Predicts peak bytes and recompute FLOPs of ``schedule`` on ``graph``.
 
     With ``planning``, the model CP-SAT plans with (:mod:`remat_opt.solve._encoding`
@@ -212,10 +216,15 @@ def simulated(graph: ProgramGraph, schedule: Schedule, *, planning: bool = False
     in its backward), but the rewriter saves every segment output by name,
     so its own segment's recomputation reads it instead of recomputing it,
     and then JAX keeps it, like a saved name, until that segment's backward.
+
+    With ``gross_transient``, the prediction charges the step's last segment its
+    whole largest transient, as the planning model does (the prediction nets it:
+    :func:`remat_opt.memory._transient.as_written_transient`); calibration fits
+    the planning model's scale with it (:func:`remat_opt.memory._calibrate.calibrate`).
     """
     if not planning:
         graph = held_when_once(graph, schedule)
-    run = _Run(graph, schedule, _Layout.of(graph, schedule), planning)
+    run = _Run(graph, schedule, _Layout.of(graph, schedule), planning, not (planning or gross_transient))
     copies, outputs_only, residual_as_written = _stored_copies(run)
     recomputed: set[int] = set()
     if not schedule.plain:
@@ -275,12 +284,14 @@ class _Layout:
 class _Run:
     """One simulation: the graph (with what XLA holds once the schedule's stored values
     are computed once, in the prediction), the schedule, its layout on the graph, and
-    whether it is the model CP-SAT plans with (else the prediction)."""
+    whether it is the model CP-SAT plans with (else the prediction), and whether the
+    step's last segment's transient is net of the residuals freed by then (the prediction's)."""
 
     graph: ProgramGraph
     schedule: Schedule
     layout: _Layout
     planning: bool
+    net_transient: bool
 
 
 def _stored_copies(run: _Run) -> tuple[list[Copy], list[tuple[int, int]], list[int]]:
@@ -388,14 +399,7 @@ def _segment_peaks(run: _Run, copies: list[Copy], recomputed: set[int], rerun: s
     if not run.planning and not schedule.nested:
         branch_live = live_per_segment(graph, seg_of, remat_sizes, as_written)
     rematerialized = _rematerialized(run, remat_sizes, branch_live)
-    transient = [0] * num_segments
-    for u in graph.units:
-        j = seg_of[u.position]
-        recomputed_here = (u.index in recomputed or u.index in rerun) and not schedule.saved
-        # Behind a fence: every segment but the step's last (a nested level's last runs in a
-        # fenced backward), unless the breadth-first count above already holds its forward scratch.
-        fenced = j != layout.levels[0][1] and j not in branch_live
-        transient[j] = max(transient[j], transient_bytes(graph, u.index, recomputed_here, fenced))
+    transient = _transients(run, recomputed | rerun, branch_live, live_buffers)
     seg_end = [*(c - 1 for c in layout.starts[1:]), max(0, graph.num_positions - 1)]
     held_cotangents = _held_cotangents(graph, layout)
     in_slots = _slot_credit(run, copies, live_buffers, remat_sizes, branch_live)
@@ -408,6 +412,30 @@ def _segment_peaks(run: _Run, copies: list[Copy], recomputed: set[int], rerun: s
         for j in range(num_segments)
     ]
     return peaks, partials_at_end
+
+
+def _transients(run: _Run, recomputed: set[int], branch_live: dict[int, list[tuple[int, int]]],
+                live_buffers: list[set[int]]) -> list[int]:
+    """Per segment, the largest transient of its backward (:func:`transient_bytes`); in the
+    prediction, the step's last segment's net of the stored buffers its backward has freed
+    by then (:func:`as_written_transient`)."""
+    graph, layout = run.graph, run.layout
+    last = layout.levels[0][1]
+    transient = [0] * layout.num_segments
+    in_last: dict[int, int] = {}
+    for u in graph.units:
+        j = layout.seg_of[u.position]
+        recomputed_here = u.index in recomputed and not run.schedule.saved
+        # Behind a fence: every segment but the step's last (a nested level's last runs in a
+        # fenced backward), unless the breadth-first count already holds its forward scratch.
+        held = transient_bytes(graph, u.index, recomputed_here, j != last and j not in branch_live)
+        transient[j] = max(transient[j], held)
+        if j == last:
+            in_last[u.index] = held
+    if run.net_transient:
+        own = {b for b in live_buffers[last] if layout.node_seg[b] == last}
+        transient[last] = as_written_transient(graph, list(in_last), own, in_last)
+    return transient
 
 
 def _rematerialized(run: _Run, remat_sizes: dict[int, list[int]],
@@ -424,7 +452,7 @@ def _rematerialized(run: _Run, remat_sizes: dict[int, list[int]],
         rematerialized[j] = sum(size for _, size in buffers)
     for b in {graph.buffer[v] for v in range(graph.num_nodes) if materialized(graph, v) and not graph.is_output[v]}:
         if b >= 0 and node_seg[b] in as_written:
-            rematerialized[node_seg[b]] += tail_extra_bytes(graph, b, bool(run.schedule.saved) and not run.planning)
+            rematerialized[node_seg[b]] += tail_extra_bytes(graph, b, bool(run.schedule.saved) and not run.planning, run.planning)
     last = layout.levels[0][1]
     for unit in graph.units:  # a transpose's forward scratch, held to the backward of code run as written
         if seg_of[unit.position] == last:

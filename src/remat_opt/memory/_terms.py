@@ -89,9 +89,11 @@ def relayout_bytes(
     return total
 
 
-def tail_extra_bytes(graph: ProgramGraph, buffer: int, names_in_slots: bool = False) -> int:
+def tail_extra_bytes(graph: ProgramGraph, buffer: int, names_in_slots: bool = False,
+                     planning: bool = False) -> int:
     """What XLA keeps beyond the model for one residual buffer of code run as
     written (see :func:`remat_opt.memory._calibrate.calibrate`); 0 on an uncalibrated graph.
+    With ``planning``, by the planning model's scale (:attr:`ProgramGraph.planning_scale`).
 
     A scale below 1 is XLA laying those residuals over gradient slots in the
     plain program. With ``names_in_slots`` (the prediction, in schedules that
@@ -100,7 +102,8 @@ def tail_extra_bytes(graph: ProgramGraph, buffer: int, names_in_slots: bool = Fa
     counts those slots twice (docs/measurements.md, "The schedule set",
     "Saved names in gradient slots" and "What did not work").
     """
-    scale = max(1.0, graph.plain_storage_scale) if names_in_slots else graph.plain_storage_scale
+    own = graph.planning_scale if planning else graph.plain_storage_scale
+    scale = max(1.0, own) if names_in_slots else own
     return round((scale - 1.0) * graph.node_bytes[buffer])
 
 

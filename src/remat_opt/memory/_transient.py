@@ -7,7 +7,7 @@ figure (:mod:`remat_opt.solve`).
 
 from __future__ import annotations
 
-from ..program._graph import ProgramGraph
+from ..program._graph import ProgramGraph, per_graph
 
 # Quotients by a broadcast operand (a softmax's division by its row sum): see
 # :func:`transient_bytes`. Not products: the same rule for a normalization's
@@ -75,3 +75,65 @@ def held_forward_scratch(graph: ProgramGraph, unit: int) -> int:
     the pool's buffer held to the backward".
     """
     return graph.scratch[unit][2] if graph.scratch else 0
+
+
+_DOWNSTREAM: dict[int, dict[int, int]] = {}
+
+
+def downstream_positions(graph: ProgramGraph) -> dict[int, int]:
+    """Per position, the positions that read what it computes, directly or through
+    others, as a bit set (bit ``q`` for position ``q``); once per graph."""
+    def made() -> dict[int, int]:
+        by_position: dict[int, list[int]] = {}
+        for unit in graph.units:
+            by_position.setdefault(unit.position, []).append(unit.index)
+        down: dict[int, int] = {}
+        for p in sorted(by_position, reverse=True):
+            bits = 0
+            for u in by_position[p]:
+                for c in (c for v in graph.units[u].outputs for c in graph.consumers[v]):
+                    q = graph.units[c].position
+                    if q != p:
+                        bits |= (1 << q) | down.get(q, 0)
+            down[p] = bits
+        return down
+    return per_graph(_DOWNSTREAM, graph, made)
+
+
+def as_written_transient(graph: ProgramGraph, units: list[int], stored: set[int], transients: dict[int, int]) -> int:
+    """The largest transient of the step's last segment (code run as written), net of
+    the segment's own stored buffers its backward has surely freed by then.
+
+    A unit's cotangent exists only once the transposes of everything downstream
+    of it have run, and those read the residuals computed downstream of it for
+    the last time; the residuals of its own position (a sine's cosine, a
+    square's doubled input) are read for the last time by its own transpose,
+    which XLA:CPU writes in place of one. So a transient counts only beyond
+    the stored bytes of its position and of the positions downstream of it.
+    Residuals of parallel branches are not freed: XLA's breadth-first
+    scheduler may run the branch's transposes in any order.
+
+    Args:
+        graph: the program graph.
+        units: the units of the segment (positions from its first to the program's last, so
+            that what is downstream of them is in it).
+        stored: buffers the segment stores for its own backward (computed in it).
+        transients: per unit of ``units``, :func:`transient_bytes`.
+    """
+    down = downstream_positions(graph)
+    stored_at: dict[int, int] = {}
+    for b in stored:
+        stored_at[graph.position_of(b)] = stored_at.get(graph.position_of(b), 0) + graph.node_bytes[b]
+    stored_mask = sum(1 << p for p in stored_at)
+    worst = 0
+    for u in sorted(units, key=lambda u: -transients[u]):
+        if transients[u] <= worst:
+            break
+        at = graph.units[u].position
+        freed, mask = 0, (down[at] | (1 << at)) & stored_mask
+        while mask and freed < transients[u] - worst:  # nearest positions first; stop once it cannot count
+            low = mask & -mask
+            freed += stored_at[low.bit_length() - 1]
+            mask ^= low
+        worst = max(worst, transients[u] - freed)
+    return worst

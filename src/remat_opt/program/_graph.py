@@ -124,6 +124,9 @@ class ProgramGraph:
             stores for code that runs as written (the last segment, or the
             whole plain program); 1 until calibrated against XLA
             (:func:`remat_opt.memory._calibrate.calibrate`).
+        planning_storage_scale: the same for the model CP-SAT plans with, which
+            charges the last segment's transient whole (the prediction nets it);
+            ``None`` means ``plain_storage_scale`` (see :attr:`planning_scale`).
         inner_bytes: per unit, bytes its own backward holds beyond its stored
             residuals: a scan whose body rematerializes reruns it per
             iteration (:mod:`remat_opt.memory._inner`); empty when no unit does.
@@ -166,6 +169,7 @@ class ProgramGraph:
     reduced: tuple[bool, ...] = ()
     held: tuple[bool, ...] = ()
     plain_storage_scale: float = 1.0
+    planning_storage_scale: float | None = None
     inner_bytes: tuple[int, ...] = ()
     summed_at_end: tuple[bool, ...] = ()
     scratch: tuple[tuple[int, int, int], ...] = ()
@@ -173,6 +177,11 @@ class ProgramGraph:
     @property
     def num_nodes(self) -> int:
         return len(self.node_bytes)
+
+    @property
+    def planning_scale(self) -> float:
+        """The storage scale of the planning model: ``planning_storage_scale`` if set."""
+        return self.plain_storage_scale if self.planning_storage_scale is None else self.planning_storage_scale
 
     def position_of(self, node: int) -> int:
         return self.units[self.node_unit[node]].position

@@ -198,7 +198,7 @@ class ChainCosts:
         for t in range(self.num_stages):
             lo = self.bounds[t]
             held = {b for p, b in stored if p >= lo}
-            extra = sum(tail_extra_bytes(g, b) for b in held if g.position_of(b) >= lo)
+            extra = sum(tail_extra_bytes(g, b, planning=True) for b in held if g.position_of(b) >= lo)
             extra += sum(size for p, size in scratch if p >= lo)  # transposes' forward scratch, held
             held |= {g.buffer[v] for v in self.crossing[t]
                      if read_by_backward(g, v) and not g.is_output[v] and g.buffer[v] >= 0}

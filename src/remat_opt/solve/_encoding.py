@@ -326,7 +326,7 @@ class Encoding:
                 tail_buffers.add(g.buffer[v])
         total: Expr = 0
         for b in sorted(tail_buffers - {-1}):  # calibrated storage of code run as written
-            total += tail_extra_bytes(g, b) * self.in_tail(g.position_of(b))
+            total += tail_extra_bytes(g, b, planning=True) * self.in_tail(g.position_of(b))
         for u in g.units:  # and its transposes' forward scratch
             if held_forward_scratch(g, u.index):
                 total += held_forward_scratch(g, u.index) * self.in_tail(u.position)
