@@ -1,8 +1,8 @@
 """CP-SAT's schedule for a budget, its target steered by what XLA measures.
 
 Every schedule CP-SAT returns is compiled and measured; XLA's figure against
-the model's is the model's error on this program, fed back into the next
-target. A plan over the budget tightens the target by its overshoot (and a
+the planning model's (the model the target bounds, ``simulate(planning=True)``)
+is that model's error on this program, fed back into the next target. A plan over the budget tightens the target by its overshoot (and a
 margin); should the solver return that plan again (the model put it so far
 under the target that the tightened one still admits it), the target goes
 under the plan's own prediction (or the target, if lower) by the overshoot
@@ -197,6 +197,7 @@ def _measured(graph: ProgramGraph, budget: int, solution: Solution, target: _Tar
     that fits, and moves ``target`` by XLA's figure; False when the search ends."""
     program = steering.program(solution.schedule)
     sim = simulate(graph, solution.schedule)
+    planned = simulate(graph, solution.schedule, planning=True).peak_bytes  # the target bounds this model
     measured = steering.measure(program)
     logger.info("measured on XLA: %s against a budget of %s (predicted %s)", format_bytes(measured),
                 format_bytes(budget), format_bytes(sim.peak_bytes))
@@ -204,13 +205,13 @@ def _measured(graph: ProgramGraph, budget: int, solution: Solution, target: _Tar
         # Tightened by the overshoot and a margin: a plan the model misjudges by a
         # percent or two would otherwise cost every attempt, each just over.
         step = measured - budget + budget // steering.retry_margin
-        target.tighten(solution.schedule, sim.peak_bytes, step, fitting=search.best is not None)
+        target.tighten(solution.schedule, planned, step, fitting=search.best is not None)
         return True
     plan = steering.finish(sim, solution.schedule, program,
                            Outcome(measured, None, solution.status, solution.gap, search.seconds, search.solves))
     if search.best is None or measured_flops_of(plan[0]) < measured_flops_of(search.best[0]):
         search.best, target.best = plan, target.value
-    over_predicted = sim.peak_bytes - measured  # the model's error on this program, here
+    over_predicted = planned - measured  # the planning model's error on this program, here
     if solution.objective_flops == 0 or over_predicted <= budget * steering.relax_slack:
         return False
     target.loosen(over_predicted)
