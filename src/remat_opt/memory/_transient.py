@@ -15,6 +15,12 @@ from ..program._graph import ProgramGraph, per_graph
 # (docs/measurements.md, "The schedule set").
 SCALING_PRIMITIVES = frozenset({"div"})
 
+# Equations whose transpose is a program of its own (a loop, a branch, a custom
+# rule): it reads the equation's residuals until it ends, so none of them is free
+# while its cotangent is in flight (see :func:`as_written_transient`).
+PROGRAM_PRIMITIVES = frozenset({"scan", "while", "cond", "custom_jvp_call", "custom_vjp_call",
+                                "custom_vjp_call_jaxpr", "checkpoint", "remat", "pjit", "closed_call"})
+
 
 def transient_bytes(graph: ProgramGraph, unit: int, recomputed: bool = False, fenced: bool | None = None) -> int:
     """In-flight bytes while one unit is transposed: its largest output (XLA:CPU
@@ -108,8 +114,12 @@ def as_written_transient(graph: ProgramGraph, units: list[int], stored: set[int]
     of it have run, and those read the residuals computed downstream of it for
     the last time; the residuals of its own position (a sine's cosine, a
     square's doubled input) are read for the last time by its own transpose,
-    which XLA:CPU writes in place of one. So a transient counts only beyond
-    the stored bytes of its position and of the positions downstream of it.
+    which XLA:CPU writes in place of one, unless that transpose is a program
+    (:data:`PROGRAM_PRIMITIVES`: a scan reads its stacked residuals in every
+    iteration of its backward). So a transient counts only beyond the stored
+    bytes of the positions downstream of it and, but for a program, of its own.
+    Only the cotangent takes a freed buffer: what the transpose holds beside it
+    (its scratch, a scan's rerun of one iteration) counts whole.
     Residuals of parallel branches are not freed: XLA's breadth-first
     scheduler may run the branch's transposes in any order.
 
@@ -129,11 +139,14 @@ def as_written_transient(graph: ProgramGraph, units: list[int], stored: set[int]
     for u in sorted(units, key=lambda u: -transients[u]):
         if transients[u] <= worst:
             break
-        at = graph.units[u].position
-        freed, mask = 0, (down[at] | (1 << at)) & stored_mask
-        while mask and freed < transients[u] - worst:  # nearest positions first; stop once it cannot count
+        unit = graph.units[u]
+        cotangent = min(transients[u], max((graph.node_bytes[v] for v in unit.outputs), default=0))
+        beside = transients[u] - cotangent
+        own = 0 if unit.primitive in PROGRAM_PRIMITIVES else 1 << unit.position
+        freed, mask = 0, (down[unit.position] | own) & stored_mask
+        while mask and freed < cotangent:  # nearest positions first; stop once it cannot count
             low = mask & -mask
             freed += stored_at[low.bit_length() - 1]
             mask ^= low
-        worst = max(worst, transients[u] - freed)
+        worst = max(worst, beside + max(0, cotangent - freed))
     return worst
