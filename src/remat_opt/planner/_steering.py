@@ -5,9 +5,9 @@ the planning model's (the model the target bounds, ``simulate(planning=True)``)
 is that model's error on this program, fed back into the next target. A plan over the budget tightens the target by its overshoot (and a
 margin); should the solver return that plan again (the model put it so far
 under the target that the tightened one still admits it), the target goes
-under the plan's own prediction (or the target, if lower) by the overshoot
-and the margin. A plan that fits, recomputes something, and that the model
-predicted above XLA's figure by more than ``relax_slack`` of the budget
+under the model's figure for that plan (or the target, if lower) by the
+overshoot and the margin. A plan that fits, recomputes something, and that
+the model put above XLA's figure by more than ``relax_slack`` of the budget
 loosens it by that error (but not to a target whose plan XLA put over): the
 model was conservative there, and a cheaper plan may still fit. Budget left
 unused by an exact prediction is not a reason: the next plan up is then over.
@@ -118,10 +118,10 @@ class _Target:
     below: dict[Schedule, tuple[int, int]] = dataclasses.field(default_factory=dict)
 
     def under_prediction(self, schedule: Schedule) -> bool:
-        """For a plan XLA put over, returned again (the model predicted it so far under
-        the target that tightening did not exclude it): the target goes under its
-        prediction (or under the target, should CP-SAT's planning model count it
-        lower still) by the overshoot and margin. False for any other plan."""
+        """For a plan XLA put over, returned again (the planning model put it so far
+        under the target that tightening did not exclude it): the target goes under
+        that model's figure for it (or under the target, if lower) by the overshoot
+        and margin. False for any other plan."""
         if schedule not in self.below:
             return False
         predicted, step = self.below[schedule]
