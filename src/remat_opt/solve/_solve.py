@@ -151,8 +151,8 @@ def _run(solver: cp_model.CpSolver, model: cp_model.CpModel, options: SolverOpti
 
 
 def _chen_starts(graph: ProgramGraph) -> list[Schedule]:
-    """Chen's segmentations, distinct, by predicted peak (ties: by cut positions)."""
-    return sorted(chen_schedules(graph), key=lambda s: (simulate(graph, s).peak_bytes, sorted(s.cuts)))
+    """Chen's segmentations, distinct, by the planning model's peak (ties: by cut positions)."""
+    return sorted(chen_schedules(graph), key=lambda s: (simulate(graph, s, planning=True).peak_bytes, sorted(s.cuts)))
 
 
 def min_peak_schedule(graph: ProgramGraph, options: SolverOptions = SolverOptions()) -> Schedule:
@@ -338,16 +338,13 @@ def _saves_within_cuts(graph: ProgramGraph, budget_bytes: int, start: Schedule, 
 
 
 def _incumbent(graph: ProgramGraph, budget_bytes: int, starts: Sequence[Schedule] = ()) -> Schedule | None:
-    """The cheapest of the unsegmented program and Chen's segmentations that the
-    model fits in ``budget_bytes``, and of ``starts`` that CP-SAT's own model
-    (the planning simulation) fits; CP-SAT starts from it and never returns worse."""
-    sims = {s: simulate(graph, s) for s in (Schedule(), *_chen_starts(graph))}  # each once: deep graphs
+    """The cheapest of the unsegmented program, Chen's segmentations and ``starts``
+    that CP-SAT's own model (the planning simulation) fits in ``budget_bytes``;
+    CP-SAT starts from it and never returns worse. (A start the prediction fits
+    but CP-SAT's model does not would be returned over CP-SAT's own schedule.)"""
+    sims = {s: simulate(graph, s, planning=True) for s in (Schedule(), *_chen_starts(graph), *starts)}
     fitting = [s for s, sim in sims.items() if sim.peak_bytes <= budget_bytes]
-    for start in starts:
-        if start not in fitting and simulate(graph, start, planning=True).peak_bytes <= budget_bytes:
-            sims.setdefault(start, simulate(graph, start))
-            fitting.append(start)
-    return min(fitting, key=lambda s: (sims[s].recompute_flops, sorted(s.cuts)), default=None)
+    return min(fitting, key=lambda s: (simulate(graph, s).recompute_flops, sorted(s.cuts)), default=None)
 
 
 def _hint(enc: Encoding, schedule: Schedule) -> None:
