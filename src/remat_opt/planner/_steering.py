@@ -2,11 +2,11 @@
 
 Every schedule CP-SAT returns is compiled and measured; XLA's figure against
 the planning model's (the model the target bounds, ``simulate(planning=True)``)
-is that model's error on this program, fed back into the next target. A plan over the budget tightens the target by its overshoot (and a
-margin); should the solver return that plan again (the model put it so far
-under the target that the tightened one still admits it), the target goes
-under the model's figure for that plan (or the target, if lower) by the
-overshoot and the margin. A plan that fits, recomputes something, and that
+is that model's error on this program, fed back into the next target. A plan
+over the budget tightens the target by its overshoot (and a margin); should
+the solver return that plan again (the model put it so far under the target
+that the tightened one still admits it), the target goes under the model's
+figure for that plan (or the target, if lower) by the overshoot and the margin. A plan that fits, recomputes something, and that
 the model put above XLA's figure by more than ``relax_slack`` of the budget
 loosens it by that error (but not to a target whose plan XLA put over): the
 model was conservative there, and a cheaper plan may still fit. Budget left
