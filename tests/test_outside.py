@@ -119,9 +119,12 @@ def test_a_budget_a_baseline_fits_is_not_refused():
     lowest = min(fn(remat_opt.BaselineCall(nchw_conv_net, args, budget_bytes=plain)).measured_peak_bytes
                  for fn in (remat_opt.chen_sqrt_n, remat_opt.chen_greedy, remat_opt.revolve))
     assert lowest < plain
-    with pytest.raises(remat_opt.InfeasibleBudgetError) as refused:
-        remat_opt.optimize(nchw_conv_net, lowest - 1, cache=False).plan(*args)
-    assert refused.value.min_budget_bytes <= lowest
+    try:  # under every baseline: a plan that fits, or a refusal naming no more than the baselines reach
+        below = remat_opt.optimize(nchw_conv_net, lowest - 1, cache=False).plan(*args)
+    except remat_opt.InfeasibleBudgetError as refused:  # jax 0.10.2
+        assert refused.min_budget_bytes <= lowest
+    else:  # jax 0.12.1, since session 52's planner
+        assert below.measured_peak_bytes <= lowest - 1
     plan = remat_opt.optimize(nchw_conv_net, lowest, cache=False).plan(*args)
     assert plan.measured_peak_bytes <= lowest
 
