@@ -119,7 +119,7 @@ from ..program._graph import ProgramGraph, per_graph
 from ._once import held_when_once
 from ._partials import held_partial_bytes
 from .._schedule import Schedule, Simulation, nested_ranges, segment_of_positions
-from ._transient import as_written_transient, held_forward_scratch, transient_bytes
+from ._transient import held_forward_scratch, segment_transients
 from ._slots import (
     ScheduleSlots,
     gradient_slots,
@@ -399,7 +399,10 @@ def _segment_peaks(run: _Run, copies: list[Copy], recomputed: set[int], rerun: s
     if not run.planning and not schedule.nested:
         branch_live = live_per_segment(graph, seg_of, remat_sizes, as_written)
     rematerialized = _rematerialized(run, remat_sizes, branch_live)
-    transient = _transients(run, recomputed | rerun, branch_live, live_buffers)
+    last = layout.levels[0][1]
+    own = {b for b in live_buffers[last] if layout.node_seg[b] == last} if run.net_transient else None
+    transient = segment_transients(graph, seg_of, last, set(branch_live),
+                                   set() if schedule.saved else recomputed | rerun, own)
     seg_end = [*(c - 1 for c in layout.starts[1:]), max(0, graph.num_positions - 1)]
     held_cotangents = _held_cotangents(graph, layout)
     in_slots = _slot_credit(run, copies, live_buffers, remat_sizes, branch_live)
@@ -412,30 +415,6 @@ def _segment_peaks(run: _Run, copies: list[Copy], recomputed: set[int], rerun: s
         for j in range(num_segments)
     ]
     return peaks, partials_at_end
-
-
-def _transients(run: _Run, recomputed: set[int], branch_live: dict[int, list[tuple[int, int]]],
-                live_buffers: list[set[int]]) -> list[int]:
-    """Per segment, the largest transient of its backward (:func:`transient_bytes`); in the
-    prediction, the step's last segment's net of the stored buffers its backward has freed
-    by then (:func:`as_written_transient`)."""
-    graph, layout = run.graph, run.layout
-    last = layout.levels[0][1]
-    transient = [0] * layout.num_segments
-    in_last: dict[int, int] = {}
-    for u in graph.units:
-        j = layout.seg_of[u.position]
-        recomputed_here = u.index in recomputed and not run.schedule.saved
-        # Behind a fence: every segment but the step's last (a nested level's last runs in a
-        # fenced backward), unless the breadth-first count already holds its forward scratch.
-        held = transient_bytes(graph, u.index, recomputed_here, j != last and j not in branch_live)
-        transient[j] = max(transient[j], held)
-        if j == last:
-            in_last[u.index] = held
-    if run.net_transient:
-        own = {b for b in live_buffers[last] if layout.node_seg[b] == last}
-        transient[last] = as_written_transient(graph, list(in_last), own, in_last)
-    return transient
 
 
 def _rematerialized(run: _Run, remat_sizes: dict[int, list[int]],

@@ -7,6 +7,8 @@ figure (:mod:`remat_opt.solve`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from ..program._graph import ProgramGraph, per_graph
 
 # Quotients by a broadcast operand (a softmax's division by its row sum): see
@@ -81,6 +83,35 @@ def held_forward_scratch(graph: ProgramGraph, unit: int) -> int:
     the pool's buffer held to the backward".
     """
     return graph.scratch[unit][2] if graph.scratch else 0
+
+
+def segment_transients(graph: ProgramGraph, seg_of: Sequence[int], last: int, breadth_first: set[int],
+                       recomputed: set[int], net_stored: set[int] | None = None) -> list[int]:
+    """Per segment, the largest transient of its backward (:func:`transient_bytes`).
+
+    Args:
+        graph: the program graph.
+        seg_of: per position, its segment.
+        last: the step's last segment (run as written, not behind a fence).
+        breadth_first: segments whose forward scratch the breadth-first count already
+            holds (not charged as behind a fence either).
+        recomputed: units recomputed in their segment's backward (empty where names are saved).
+        net_stored: in the prediction, the buffers the last segment stores: its transient is
+            then net of those freed by then (:func:`as_written_transient`).
+    """
+    transient = [0] * (max(seg_of, default=0) + 1)
+    in_last: dict[int, int] = {}
+    for u in graph.units:
+        j = seg_of[u.position]
+        # Behind a fence: every segment but the step's last (a nested level's last runs in a
+        # fenced backward), unless the breadth-first count already holds its forward scratch.
+        held = transient_bytes(graph, u.index, u.index in recomputed, j != last and j not in breadth_first)
+        transient[j] = max(transient[j], held)
+        if j == last:
+            in_last[u.index] = held
+    if net_stored is not None:
+        transient[last] = as_written_transient(graph, list(in_last), net_stored, in_last)
+    return transient
 
 
 _DOWNSTREAM: dict[int, dict[int, int]] = {}
